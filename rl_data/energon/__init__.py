@@ -1,0 +1,1 @@
+"""Megatron-Energon integration: dataset format, writer, configs, task encoders, loader."""
