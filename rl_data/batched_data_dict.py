@@ -1,0 +1,311 @@
+"""``BatchedDataDict``: a dict whose values share a leading batch dimension.
+
+Values are torch tensors (rows along dim 0), ``PackedTensor`` (one entry per row) or lists
+(one item per row). Every row operation (slice, select, chunk, shard, repeat) applies to all
+values alike. Pickling (and therefore Ray's object store) sends tensors as raw uint8 numpy
+buffers, which pickle protocol 5 / Ray move out of band, so a receiver gets its tensors
+without copying them; dtypes (including bfloat16) and shapes are restored exactly.
+Tensors received through Ray alias the shared object store: ``clone()`` before writing into
+them in place.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import UserDict
+from collections.abc import Mapping, Sequence
+from copy import deepcopy
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
+import torch
+from typing_extensions import Self
+
+from rl_data.packed_tensor import PackedTensor, RowIndices, normalize_row_indices
+
+DictT = TypeVar("DictT", bound=Mapping[str, Any])
+Device = str | torch.device
+
+
+class BatchedDataDict(UserDict, Generic[DictT]):
+    """Tensors, PackedTensors and lists that all have the same number of rows."""
+
+    # Model inputs returned by ``get_multimodal_dict`` although they are plain tensors
+    # (gemma3's ``token_type_ids`` marks where image tokens sit in the sequence).
+    ADDITIONAL_OPTIONAL_KEY_TENSORS = ("token_type_ids",)
+
+    @classmethod
+    def from_batches(
+        cls,
+        batches: Sequence[Mapping[str, Any]],
+        pad_value_dict: dict[str, int | float] | None = None,
+    ) -> Self:
+        """Stack batches row-wise into one.
+
+        Lists are concatenated, 1-D tensors concatenated, tensors with 2 or more dims
+        right-padded along dim 1 to the longest one (pad value ``pad_value_dict[key]``,
+        default 0) and concatenated, PackedTensors joined row-wise. Every batch must have
+        the same keys and, per key, the same kind of value, dtype and trailing dims.
+        """
+        if not batches:
+            raise ValueError("from_batches needs at least one batch, got an empty sequence")
+        pad_value_dict = pad_value_dict or {}
+        keys = list(batches[0])
+        for i, batch in enumerate(batches[1:], start=1):
+            if set(batch) != set(keys):
+                missing = sorted(set(keys) - set(batch))
+                extra = sorted(set(batch) - set(keys))
+                raise ValueError(
+                    f"batch {i} has different keys than batch 0: missing {missing}, extra "
+                    f"{extra}; every batch must have the same keys"
+                )
+        stacked = cls()
+        for key in keys:
+            stacked[key] = _stack_values(key, [b[key] for b in batches], pad_value_dict.get(key, 0))
+        return stacked
+
+    @property
+    def size(self) -> int:
+        """Number of rows (0 when empty); raises ``ValueError`` if values disagree."""
+        sizes = {key: _num_rows(key, value) for key, value in self.data.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"values disagree on the batch size: {sizes}; every tensor (dim 0), "
+                "PackedTensor and list must have the same number of rows"
+            )
+        return next(iter(sizes.values()), 0)
+
+    def slice(self, start: int, end: int) -> SlicedDataDict:
+        """Rows ``[start, end)``; tensors are views of this batch's tensors."""
+        size = self.size
+        if not 0 <= start <= end <= size:
+            raise IndexError(
+                f"slice [{start}, {end}) is outside the batch of {size} rows; "
+                "need 0 <= start <= end <= size"
+            )
+        sliced = SlicedDataDict()
+        for key, value in self.data.items():
+            if isinstance(value, torch.Tensor):
+                sliced[key] = value[start:end]
+            else:
+                sliced[key] = _take_rows(key, value, range(start, end))
+        return sliced
+
+    def select_indices(self, indices: RowIndices) -> Self:
+        """The given rows in the given order (ints, negative/repeated allowed, or a bool mask)."""
+        return self._take(normalize_row_indices(indices, self.size), type(self))
+
+    def chunk(self, rank: int, chunks: int) -> SlicedDataDict:
+        """The ``rank``-th of ``chunks`` equal contiguous parts: [A A B B C C], 1, 3 -> [B B]."""
+        size = self.size
+        if chunks <= 0 or size % chunks:
+            raise ValueError(
+                f"cannot split {size} rows into {chunks} equal chunks; chunks must be a "
+                f"positive divisor of the batch size"
+            )
+        if not 0 <= rank < chunks:
+            raise ValueError(f"rank {rank} is out of range for {chunks} chunks (0..{chunks - 1})")
+        n = size // chunks
+        return self._take(list(range(rank * n, (rank + 1) * n)), SlicedDataDict)
+
+    def shard_by_batch_size(
+        self, shards: int, batch_size: int | None = None
+    ) -> list[SlicedDataDict]:
+        """Split into ``shards`` parts, keeping each ``batch_size`` block spread over all shards.
+
+        The batch is cut into consecutive blocks of ``batch_size`` rows (default: the whole
+        batch); each block is cut into ``shards`` equal contiguous pieces and shard ``i``
+        gets piece ``i`` of every block, in block order. With rows [A A B B C C D D],
+        ``shards=2, batch_size=4`` gives [A A C C] and [B B D D].
+        """
+        size = self.size
+        batch_size = size if batch_size is None else batch_size
+        if shards <= 0:
+            raise ValueError(f"shards must be positive, got {shards}")
+        if batch_size <= 0 or size % batch_size:
+            raise ValueError(
+                f"batch size {size} is not a multiple of batch_size={batch_size}; pass a "
+                "batch_size that divides the number of rows (or None for all rows)"
+            )
+        if batch_size % shards:
+            raise ValueError(
+                f"batch_size {batch_size} is not a multiple of shards={shards}; each "
+                "block must split into equal shards"
+            )
+        piece = batch_size // shards
+        result = []
+        for shard in range(shards):
+            rows = [
+                block + shard * piece + j
+                for block in range(0, size, batch_size)
+                for j in range(piece)
+            ]
+            result.append(self._take(rows, SlicedDataDict))
+        return result
+
+    def repeat_interleave(self, num_repeats: int) -> Self:
+        """A new batch with each row repeated ``num_repeats`` times: [a, b] -> [a, a, b, b].
+
+        List items are deep-copied so repeats do not alias mutable objects.
+        """
+        if isinstance(num_repeats, bool) or not isinstance(num_repeats, int) or num_repeats < 1:
+            raise ValueError(f"num_repeats must be a positive int, got {num_repeats!r}")
+        repeated = type(self)()
+        for key, value in self.data.items():
+            if isinstance(value, torch.Tensor):
+                repeated[key] = value.repeat_interleave(num_repeats, dim=0)
+            elif isinstance(value, list):
+                repeated[key] = [deepcopy(item) for item in value for _ in range(num_repeats)]
+            else:
+                rows = [i for i in range(_num_rows(key, value)) for _ in range(num_repeats)]
+                repeated[key] = _take_rows(key, value, rows)
+        return repeated
+
+    def to(self, device: Device) -> Self:
+        """Move tensors and PackedTensors to ``device`` in place and return ``self``."""
+        for key, value in self.data.items():
+            if isinstance(value, (torch.Tensor, PackedTensor)):
+                self.data[key] = value.to(device)
+        return self
+
+    def get_multimodal_dict(
+        self, as_tensors: bool = False, device: Device | None = None
+    ) -> dict[str, Any]:
+        """The multimodal model inputs: PackedTensor values and ``ADDITIONAL_OPTIONAL_KEY_TENSORS``.
+
+        With ``as_tensors`` PackedTensors are packed with ``as_tensor(device)``; plain tensors
+        are moved to ``device`` when one is given.
+        """
+        result: dict[str, Any] = {}
+        for key, value in self.data.items():
+            if isinstance(value, PackedTensor):
+                result[key] = value.as_tensor(device) if as_tensors else value
+            elif key in self.ADDITIONAL_OPTIONAL_KEY_TENSORS:
+                movable = device is not None and isinstance(value, torch.Tensor)
+                result[key] = value.to(device) if movable else value
+        return result
+
+    def _take(self, rows: list[int], out_cls: type) -> Any:
+        taken = out_cls()
+        for key, value in self.data.items():
+            taken[key] = _take_rows(key, value, rows)
+        return taken
+
+    def __reduce__(self):
+        encoded = {key: _encode(value) for key, value in self.data.items()}
+        return _rebuild_batched_data_dict, (type(self), encoded)
+
+
+class SlicedDataDict(BatchedDataDict):
+    """A BatchedDataDict cut from a larger one (by slice, chunk and shard_by_batch_size)."""
+
+
+def _num_rows(key: str, value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.ndim == 0:
+            raise ValueError(f"value for key {key!r} is a 0-d tensor; it has no batch dimension")
+        return value.shape[0]
+    if isinstance(value, (list, PackedTensor)):
+        return len(value)
+    raise TypeError(
+        f"value for key {key!r} is a {type(value).__name__}; BatchedDataDict holds torch "
+        "tensors, PackedTensors and lists"
+    )
+
+
+def _take_rows(key: str, value: Any, rows: Sequence[int]) -> Any:
+    _num_rows(key, value)  # type check with a clear message
+    if isinstance(value, torch.Tensor):
+        return value[torch.as_tensor(list(rows), dtype=torch.long, device=value.device)]
+    if isinstance(value, PackedTensor):
+        return value.slice(list(rows))
+    return [value[i] for i in rows]
+
+
+def _stack_values(key: str, values: list[Any], pad_value: int | float) -> Any:
+    first = values[0]
+    kinds = {type(v).__name__ for v in values}
+    if isinstance(first, list) and all(isinstance(v, list) for v in values):
+        return [item for v in values for item in v]
+    if isinstance(first, PackedTensor) and all(isinstance(v, PackedTensor) for v in values):
+        return PackedTensor.concat(values)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        raise TypeError(
+            f"cannot stack key {key!r}: found values of types {sorted(kinds)}; each key must "
+            "hold tensors, PackedTensors or lists in every batch"
+        )
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"cannot stack key {key!r}: tensors have different dtypes {sorted(map(str, dtypes))}; "
+            "cast them to one dtype first"
+        )
+    shapes = [tuple(v.shape) for v in values]
+    ndims = {len(s) for s in shapes}
+    if ndims == {1}:
+        return torch.cat(values)
+    if len(ndims) > 1 or 0 in ndims or len({s[2:] for s in shapes}) > 1:
+        raise ValueError(
+            f"cannot stack key {key!r}: tensor shapes {shapes} differ in rank or in dims after "
+            "dim 1; only dim 0 (rows) and dim 1 (padded on the right) may differ"
+        )
+    max_len = max(s[1] for s in shapes)
+    out = torch.full(
+        (sum(s[0] for s in shapes), max_len, *shapes[0][2:]),
+        pad_value,
+        dtype=first.dtype,
+        device=first.device,
+    )
+    row = 0
+    for v in values:
+        out[row : row + v.shape[0], : v.shape[1]] = v
+        row += v.shape[0]
+    return out
+
+
+class _TensorBytes(NamedTuple):
+    """A tensor as a flat uint8 numpy array plus what is needed to view it back."""
+
+    data: np.ndarray
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class _PackedRows(NamedTuple):
+    rows: list[_TensorBytes | None]
+    dim_to_pack: int
+
+
+def _tensor_to_bytes(t: torch.Tensor) -> _TensorBytes:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return _TensorBytes(flat.view(torch.uint8).numpy(), t.dtype, tuple(t.shape))
+
+
+def _tensor_from_bytes(b: _TensorBytes) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # Arrays read from Ray's object store are flagged read-only; the tensor views them.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        flat = torch.from_numpy(b.data)
+    return flat.view(b.dtype).reshape(b.shape)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _tensor_to_bytes(value)
+    if isinstance(value, PackedTensor):
+        rows = [None if t is None else _tensor_to_bytes(t) for t in value.tensors]
+        return _PackedRows(rows, value.dim_to_pack)
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, _TensorBytes):
+        return _tensor_from_bytes(value)
+    if isinstance(value, _PackedRows):
+        rows = [None if r is None else _tensor_from_bytes(r) for r in value.rows]
+        return PackedTensor(rows, value.dim_to_pack)
+    return value
+
+
+def _rebuild_batched_data_dict(cls: type, encoded: dict[str, Any]) -> BatchedDataDict:
+    return cls({key: _decode(value) for key, value in encoded.items()})
