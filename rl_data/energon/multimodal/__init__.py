@@ -1,0 +1,1 @@
+"""Multimodal-ready Energon components (the seed's ``...energon.multimodal`` namespace)."""

@@ -1,0 +1,124 @@
+"""The processor adapter: a tokenizer plus the formatting flags that decide the token ids.
+
+Everything that changes how a conversation becomes tokens is pinned by
+:attr:`ProcessorAdapter.fingerprint` (tokenizer name and vocabulary hash, chat template, maximum
+sequence length, BOS/EOS/generation-prompt flags), so a loader restored with another
+tokenizer or template is refused instead of silently producing other ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from rl_data.interfaces import LLMMessageLogType
+from rl_data.tokenization import get_formatted_message_log
+
+
+_VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def vocab_fingerprint(tokenizer: Any) -> str:
+    """sha256 of the tokenizer's vocabulary (token -> id), cached per tokenizer object.
+
+    Identifies the tokenizer by content rather than by where it was loaded from, so the same
+    tokenizer cached at another path (another machine, another user) restores.
+    """
+    try:
+        return _VOCAB_FINGERPRINTS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    canonical = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    try:
+        _VOCAB_FINGERPRINTS[tokenizer] = digest
+    except TypeError:  # not weak-referenceable: recomputed next time
+        pass
+    return digest
+
+
+@dataclass(frozen=True)
+class ProcessorAdapter:
+    """Formats canonical chat messages into a ``message_log`` with ``token_ids`` per message."""
+
+    tokenizer: Any = field(repr=False)
+    max_sequence_length: int
+    add_bos: bool = True
+    add_eos: bool = True
+    add_generation_prompt: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_sequence_length < 1:
+            raise ValueError(
+                f"max_sequence_length must be >= 1, got {self.max_sequence_length}"
+            )
+
+    @classmethod
+    def from_processor(
+        cls, processor: Any, data_config: Mapping[str, Any], max_sequence_length: int
+    ) -> "ProcessorAdapter":
+        """Build from a tokenizer or a processor (its ``.tokenizer`` is used) and the data config.
+
+        ``add_bos``, ``add_eos`` and ``add_generation_prompt`` come from ``data_config``
+        (defaults True, True, False).
+        """
+        if processor is None:
+            raise ValueError("processor is None: pass a tokenizer or a processor with .tokenizer")
+        return cls(
+            tokenizer=getattr(processor, "tokenizer", processor),
+            max_sequence_length=max_sequence_length,
+            add_bos=bool(data_config.get("add_bos", True)),
+            add_eos=bool(data_config.get("add_eos", True)),
+            add_generation_prompt=bool(data_config.get("add_generation_prompt", False)),
+        )
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id (its EOS id when it has no pad token)."""
+        pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.eos_token_id if pad is None else pad
+        if pad is None:
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name_or_path!r} has neither a pad nor an EOS token; "
+                "set tokenizer.pad_token before packing"
+            )
+        return int(pad)
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        """The plain-JSON description hashed into :attr:`fingerprint`."""
+        return {
+            "tokenizer": os.path.basename(str(self.tokenizer.name_or_path).rstrip("/")),
+            "vocab_size": len(self.tokenizer),
+            "vocab_sha256": vocab_fingerprint(self.tokenizer),
+            "chat_template": self.tokenizer.chat_template,
+            "max_sequence_length": self.max_sequence_length,
+            "add_bos": self.add_bos,
+            "add_eos": self.add_eos,
+            "add_generation_prompt": self.add_generation_prompt,
+        }
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 hex of the canonical JSON of :attr:`identity`."""
+        canonical = json.dumps(self.identity, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def format(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> LLMMessageLogType:
+        """Tokenise ``messages`` through the chat template into a ``message_log``."""
+        return get_formatted_message_log(
+            list(messages),
+            self.tokenizer,
+            add_bos_token=self.add_bos,
+            add_eos_token=self.add_eos,
+            add_generation_prompt=self.add_generation_prompt,
+            tools=list(tools) if tools else None,
+        )

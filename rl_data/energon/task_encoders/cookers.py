@@ -1,0 +1,81 @@
+"""Cookers: raw (crude) WebDataset samples -> canonical, validated chat samples.
+
+A cooker runs inside Energon's pipeline (after the shuffle buffer, before ``encode_sample``)
+and must be ``@stateless`` so a restored loader can rebuild in-flight samples. Decoding
+happens here, not in Energon's decoder (the task encoders set ``decoder = None``), so an
+invalid sample fails in a stage that knows its dataset, shard and index, and the loader's
+error handler can name it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
+
+from rl_data.energon.sample_format import decode_sample
+from rl_data.tokenization import validate_messages
+
+
+@edataclass
+class ChatSample(Sample):
+    """One canonical SFT conversation, as stored in the dataset."""
+
+    #: OpenAI-style messages (``role``, ``content``, optional ``tool_calls`` ...).
+    messages: list[dict[str, Any]]
+    #: Tool schemas offered to the model, or None.
+    tools: Optional[list[dict[str, Any]]]
+    #: Where the row came from (``{"file": ..., "row": ...}``); never affects encoding.
+    source: dict[str, Any]
+    #: Optional task name of the row.
+    task_name: Optional[str]
+
+
+class ChatCooker:
+    """Cooks the canonical ``json`` member of a crude sample into a :class:`ChatSample`."""
+
+    #: Bump when the cooked output for the same input changes (part of the loader identity).
+    COMPONENT_VERSION = 1
+
+    @staticmethod
+    @stateless
+    def cook(raw: dict[str, Any]) -> ChatSample:
+        """Decode and validate one crude sample.
+
+        Raises ``ValueError`` (or ``json.JSONDecodeError``) for invalid JSON, a non-SFT
+        sample, empty messages or an unknown role, so the loader's error handler logs and
+        skips it.
+        """
+        record = decode_sample(raw)
+        key = raw.get("__key__")
+        if record["kind"] != "sft":
+            raise ValueError(
+                f"sample {key!r} is a {record['kind']!r} sample; the chat SFT cooker reads "
+                "only kind 'sft' (use a preference loader for preference data)"
+            )
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(
+                f"sample {key!r} has no messages (found {messages!r}); an SFT sample needs "
+                "a non-empty 'messages' list"
+            )
+        validate_messages(messages)
+        return ChatSample(
+            **basic_sample_keys(raw),
+            messages=messages,
+            tools=record.get("tools"),
+            source=record.get("source") or {},
+            task_name=record.get("task_name"),
+        )
+
+
+#: Cookers by name (``EnergonLoaderConfig`` selects one).
+COOKERS: dict[str, type[ChatCooker]] = {"chat": ChatCooker}
+
+
+def get_cooker(name: str) -> type[ChatCooker]:
+    """The cooker class registered as ``name``."""
+    try:
+        return COOKERS[name]
+    except KeyError:
+        raise ValueError(f"unknown cooker {name!r}; valid cookers are {sorted(COOKERS)}") from None
