@@ -32,6 +32,31 @@ def chat_conversations():
 
 
 @pytest.fixture(scope="session")
+def energon_dataset(tmp_path_factory, chat_conversations):
+    """A prepared Energon dataset of 240 real conversations: 20 shards of 12 samples,
+    split per shard 16/2/2 into train (192 samples) / val (24) / test (24)."""
+    from energon_fixtures import write_chat_dataset
+
+    root = tmp_path_factory.mktemp("energon_chat")
+    return write_chat_dataset(root, chat_conversations[:240], samples_per_shard=12)
+
+
+@pytest.fixture(scope="session")
+def corrupt_energon_dataset(tmp_path_factory, chat_conversations):
+    """400 samples, 1 % corrupt (invalid JSON, unknown role, empty messages in train; one
+    more in val): 20 shards of 20, split 16/2/2 into train (320) / val (40) / test (40)."""
+    from energon_fixtures import write_chat_dataset
+
+    root = tmp_path_factory.mktemp("energon_corrupt")
+    return write_chat_dataset(
+        root,
+        chat_conversations[:400],
+        samples_per_shard=20,
+        corrupt_rows=(50, 150, 250, 340),
+    )
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """A private local Ray instance shared by the whole test session."""
     import ray
@@ -40,6 +65,7 @@ def ray_session():
         ray.init(
             address="local",
             num_cpus=4,
+            num_gpus=4,  # fake GPUs: training actors placed by GPU in distributed tests
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,

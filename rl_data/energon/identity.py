@@ -1,0 +1,127 @@
+"""What a saved loader state must agree with before it is restored.
+
+Energon restores a rank state into any loader built with compatible shapes and silently yields
+other samples when the dataset, rank, world size, shuffle buffer, ... changed (see
+``energon-facts.md``). The loader identity pins all of these as plain JSON; a restore compares
+the saved identity with the current one and refuses with one ``path old -> new`` line per
+change. Everything here is pure except :func:`_dataset_index_uuid`, which reads one small file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rl_data.energon.config import EnergonLoaderConfig, EnergonSourceConfig
+
+#: Version of the loader state envelope (see ``EnergonSFTDataLoader.state_dict``).
+_V2_STATE_FORMAT_VERSION = 2
+#: How Energon maps samples to shards: contiguous ranges, one per (rank, worker).
+_MAPPER = "energon_contiguous_ranges"
+_BRIEF_LIMIT = 80
+
+
+def _identity_fingerprint(identity: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of ``identity`` (which must be plain JSON)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, cut to 77 characters + ``...`` when longer than 80."""
+    text = repr(value)
+    return text if len(text) <= _BRIEF_LIMIT else text[: _BRIEF_LIMIT - 3] + "..."
+
+
+def _identity_differences(saved: Any, current: Any, path: str = "") -> list[str]:
+    """List the identity entries that changed, as ``key old -> new`` lines.
+
+    Mappings are walked over the sorted union of their keys with dotted paths; a key only in
+    ``current`` gives ``"<path> added <value>"``, one only in ``saved`` gives
+    ``"<path> removed <value>"``. Equal values (same type, same value) give ``[]``.
+    """
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):
+        lines: list[str] = []
+        for key in sorted(set(saved) | set(current), key=str):
+            child = f"{path}.{key}" if path else str(key)
+            if key not in current:
+                lines.append(f"{child} removed {_brief(saved[key])}")
+            elif key not in saved:
+                lines.append(f"{child} added {_brief(current[key])}")
+            else:
+                lines.extend(_identity_differences(saved[key], current[key], child))
+        return lines
+    if type(saved) is type(current) and saved == current:
+        return []
+    return [f"{path or '<identity>'} {_brief(saved)} -> {_brief(current)}"]
+
+
+def _v2_topology(
+    *,
+    loader_config: EnergonLoaderConfig,
+    placement_fingerprint: str,
+    logical_rank: int,
+    logical_world_size: int,
+) -> dict[str, Any]:
+    """Describe the DP shard a V2 loader state belongs to.
+
+    This is what makes one DP shard refuse another shard's state, so it is hashed into the
+    loader identity by :func:`_loader_identity`. ``mapper`` names how Energon cuts the split
+    into ``slices`` contiguous ranges (one per rank and worker).
+    """
+    return {
+        "mapper": {
+            "kind": _MAPPER,
+            "slices": logical_world_size * max(1, loader_config.num_workers),
+        },
+        "placement": placement_fingerprint,
+        "logical_rank": logical_rank,
+        "logical_world_size": logical_world_size,
+    }
+
+
+def _dataset_index_uuid(path: str) -> str | None:
+    """The dataset's own identity, ``.nv-meta/index.uuid`` (None if the file is missing)."""
+    from megatron.energon.epathlib import EPath
+
+    uuid_file = EPath(path) / ".nv-meta" / "index.uuid"
+    return uuid_file.read_text().strip() if uuid_file.is_file() else None
+
+
+def _loader_identity(
+    *,
+    source: EnergonSourceConfig,
+    loader_config: EnergonLoaderConfig,
+    adapter_fingerprint: str,
+    split_role: str,
+    batch_size: int,
+    shuffle: bool | None,
+    topology: dict[str, Any],
+    packing_algorithm: str | None,
+    max_sequences_per_bin: int | None,
+    sequence_length_pad_multiple: int,
+    only_unmask_final: bool,
+) -> dict[str, Any]:
+    """Describe what a restored loader must still agree with.
+
+    The four packing keys are present only when packing is on: without packing,
+    ``only_unmask_final`` is applied after the loader and does not change its state.
+    """
+    identity: dict[str, Any] = {
+        "source": source.model_dump(mode="json"),
+        "dataset": {"index_uuid": _dataset_index_uuid(source.path)},
+        "loader": loader_config.identity_dump(),
+        "adapter": adapter_fingerprint,
+        "split_role": split_role,
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "state_format_version": _V2_STATE_FORMAT_VERSION,
+        "topology": dict(topology),
+    }
+    if packing_algorithm is not None:
+        identity["packing_algorithm"] = packing_algorithm
+        identity["max_sequences_per_bin"] = max_sequences_per_bin
+        identity["sequence_length_pad_multiple"] = sequence_length_pad_multiple
+        identity["only_unmask_final"] = only_unmask_final
+    return json.loads(json.dumps(identity))

@@ -1,0 +1,416 @@
+"""Energon SFT loader for one logical data shard, with a checked, restorable state.
+
+:func:`build_energon_sft_loader` builds one Energon savable loader for an explicit logical
+rank of a logical world size and one split, wrapped in :class:`EnergonSFTDataLoader`, whose
+``state_dict`` is the format-2 envelope (see ``design.md``): the pickled Energon rank state as a
+uint8 tensor plus the loader identity that a restore must match. Bad samples are logged in one
+line by :func:`compact_sample_error_handler` and skipped; the failure budget turns a
+systematic failure into one :class:`SampleFailureBudgetExceeded`.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, Protocol
+
+import torch
+from megatron.energon import (
+    WorkerConfig,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+)
+from megatron.energon.errors import FatalSampleError
+
+from rl_data.batched_data_dict import BatchedDataDict
+from rl_data.energon.config import (
+    EnergonLoaderConfig,
+    EnergonSourceConfig,
+    validate_block,
+)
+from rl_data.energon.failure_budget import (
+    SampleFailureBudgetExceeded,
+    SkipCountingWorkerConfig,
+    compact_sample_error_handler,
+)
+from rl_data.energon.identity import (
+    _V2_STATE_FORMAT_VERSION,
+    _brief,
+    _identity_differences,
+    _identity_fingerprint,
+    _loader_identity,
+    _v2_topology,
+)
+from rl_data.energon.task_encoders import (
+    BaseSFTTaskEncoder,
+    ProcessorAdapter,
+    get_task_encoder_class,
+)
+from rl_data.packing import packing_algorithm as parse_packing_algorithm
+
+_BACKEND = "energon"
+_SPLIT_ROLES = ("train", "validation")
+
+__all__ = ["EnergonSFTDataLoader", "SFTDataLoader", "build_energon_sft_loader"]
+
+
+class SFTDataLoader(Protocol):
+    """Iterator and state methods consumed by the SFT algorithm."""
+
+    def __iter__(self) -> Iterator[BatchedDataDict[Any]]: ...
+
+    def __len__(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class EnergonSFTDataLoader:
+    """Expose Energon rank state through NeMo-RL's dataloader interface.
+
+    ``state_dict()`` never blocks: Energon hangs when the state is saved after ``iter()`` but
+    before the first batch with worker processes, so until the first batch the state taken at
+    construction (or restored) is returned, which is the same position. ``skipped_samples``
+    counts the bad samples skipped since this loader was built (in all its workers).
+    """
+
+    def __init__(self, loader: Any, *, identity: Mapping[str, Any]) -> None:
+        self._loader = loader
+        self._identity = copy.deepcopy(dict(identity))
+        self._fingerprint = _identity_fingerprint(self._identity)
+        self._resting_state: Any = None  # the state before the first batch
+        self._iterated = False
+        self._closed = False
+        self._energon_iterating = False
+        self._batches = 0
+        self._delivered = 0
+        worker_config = getattr(loader, "worker_config", None)
+        self._budget = (
+            worker_config if isinstance(worker_config, SkipCountingWorkerConfig) else None
+        )
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a restored state must agree with (plain JSON)."""
+        return copy.deepcopy(self._identity)
+
+    @property
+    def skipped_samples(self) -> int:
+        """Bad samples skipped since this loader was built."""
+        return self._budget.skipped_count() if self._budget is not None else 0
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[BatchedDataDict[Any]]:
+        self._require_open()
+        self._iterated = True
+        return self._iterate()
+
+    def close(self) -> None:
+        """Stop the worker processes now; the loader cannot be used afterwards.
+
+        Without it, workers stop only when the garbage collector frees the loader, which
+        takes 5 s per worker (torch joins them with a timeout after the queues were
+        finalized).
+        """
+        self._closed = True
+        epoch_iterator = getattr(self._loader, "_epoch_iterator", None)
+        if epoch_iterator is not None:
+            epoch_iterator.close()
+            self._loader._epoch_iterator = None
+        worker_iterator = getattr(self._loader, "_iterator", None)
+        if worker_iterator is not None and hasattr(worker_iterator, "_shutdown_workers"):
+            worker_iterator._shutdown_workers()
+            self._loader._iterator = None
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Energon loader was closed; build a new one")
+
+    def _iterate(self) -> Iterator[BatchedDataDict[Any]]:
+        skipped_before, batches = self.skipped_samples, 0
+        self._energon_iterating = True
+        try:
+            for batch in self._loader:
+                batches += 1
+                self._batches += 1
+                self._delivered += _count_sources(batch)
+                if self._budget is not None:
+                    self._budget.check_ratio(self._delivered, self._source_name())
+                yield batch
+        except FatalSampleError as error:
+            raise SampleFailureBudgetExceeded(
+                f"{self._source_name()}: a pipeline stage failed "
+                f"{self._budget.max_consecutive_failures if self._budget else 'too many'} "
+                "times in a row, so the data or the task encoder is systematically broken; "
+                "see the 'skipped sample' log lines for the failing samples (Energon: "
+                f"{str(error).splitlines()[0][:300]})"
+            ) from error
+        newly_skipped = self.skipped_samples - skipped_before
+        if batches == 0 and newly_skipped > 0:
+            raise SampleFailureBudgetExceeded(
+                f"{self._source_name()}: a whole pass yielded no batch and skipped "
+                f"{newly_skipped} sample(s); every sample failed, so the data or the task "
+                "encoder is systematically broken (see the 'skipped sample' log lines)"
+            )
+
+    def _source_name(self) -> str:
+        source = self._identity.get("source", {})
+        return f"Energon source {source.get('path')!r} (split {source.get('split')!r})"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The format-2 envelope; loads with ``torch.load(weights_only=True)``."""
+        self._require_open()
+        if self._energon_iterating and self._batches == 0:
+            rank_state = self._resting_state
+        else:
+            rank_state = self._loader.save_state_rank()
+        payload = bytearray(pickle.dumps(rank_state, protocol=pickle.HIGHEST_PROTOCOL))
+        return {
+            "backend": _BACKEND,
+            "format_version": _V2_STATE_FORMAT_VERSION,
+            "fingerprint": self._fingerprint,
+            "identity": copy.deepcopy(self._identity),
+            "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state saved by a loader with the same identity, before iterating."""
+        if self._iterated:
+            raise RuntimeError(
+                "cannot restore an Energon loader whose iteration already started; build a "
+                "fresh loader with the same arguments and call load_state_dict before iter()"
+            )
+        if not isinstance(state, Mapping):
+            raise ValueError(f"loader state must be a mapping, got {type(state).__name__}")
+        if state.get("backend") != _BACKEND:
+            raise ValueError(
+                f"loader state backend is {state.get('backend')!r}, expected {_BACKEND!r}; "
+                "this state was saved by another dataloader backend"
+            )
+        if state.get("format_version") != _V2_STATE_FORMAT_VERSION:
+            raise ValueError(
+                f"loader state format_version is {state.get('format_version')!r}, this loader "
+                f"reads only format {_V2_STATE_FORMAT_VERSION}"
+            )
+        saved_identity = state.get("identity")
+        lines = _identity_differences(saved_identity, self._identity)
+        if not lines and state.get("fingerprint") != self._fingerprint:
+            lines = [
+                f"fingerprint {_brief(state.get('fingerprint'))} -> {_brief(self._fingerprint)}"
+            ]
+        if lines:
+            raise ValueError("Energon loader identity changed: " + "; ".join(lines))
+        payload = state.get("loader_state")
+        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
+            found = payload.dtype if isinstance(payload, torch.Tensor) else type(payload).__name__
+            raise ValueError(
+                f"loader_state must be a uint8 tensor of the pickled Energon rank state, got {found}"
+            )
+        rank_state = pickle.loads(payload.contiguous().numpy().tobytes())
+        self._loader.restore_state_rank(rank_state)
+        self._resting_state = rank_state
+
+
+def _count_sources(batch: Any) -> int:
+    """Samples in a batch: one per source id (several per pack) or one per row."""
+    source_ids = batch.get("source_ids") if isinstance(batch, (Mapping, BatchedDataDict)) else None
+    if source_ids is None:
+        return int(batch.size) if isinstance(batch, BatchedDataDict) else 1
+    return sum(len(ids) if isinstance(ids, (list, tuple)) else 1 for ids in source_ids)
+
+
+def _source_config(value: Any, *, name: str) -> EnergonSourceConfig:
+    return validate_block(EnergonSourceConfig, value, name=name)
+
+
+def _loader_config(value: Any) -> EnergonLoaderConfig:
+    return validate_block(EnergonLoaderConfig, value, name="data_config['energon']")
+
+
+def _worker_config(
+    config: EnergonLoaderConfig, *, logical_rank: int, logical_world_size: int
+) -> WorkerConfig:
+    if not isinstance(logical_world_size, int) or logical_world_size <= 0:
+        raise ValueError(f"logical_world_size must be an integer >= 1, got {logical_world_size!r}")
+    if not isinstance(logical_rank, int) or not 0 <= logical_rank < logical_world_size:
+        raise ValueError(
+            f"logical_rank must be in [0, {logical_world_size}) for logical_world_size "
+            f"{logical_world_size}, got {logical_rank!r}"
+        )
+    return SkipCountingWorkerConfig.create(
+        rank=logical_rank,
+        world_size=logical_world_size,
+        num_workers=config.num_workers,
+        seed_offset=config.seed_offset,
+        global_error_handler=compact_sample_error_handler,
+        restore_error_handler=compact_sample_error_handler,
+        max_consecutive_failures=config.max_consecutive_failures,
+        max_failure_ratio=config.max_failure_ratio,
+        failure_ratio_min_samples=config.failure_ratio_min_samples,
+    )
+
+
+def _task_encoder(
+    *,
+    loader_config: EnergonLoaderConfig,
+    adapter: Any,
+    include_source_ids: bool,
+    packing_algorithm: str | None,
+    max_sequences_per_bin: int | None,
+    max_sequence_length: int,
+    sequence_length_pad_multiple: int,
+    tokenizer: Any,
+    only_unmask_final: bool,
+) -> BaseSFTTaskEncoder:
+    encoder_class = get_task_encoder_class(loader_config.task_encoder)
+    return encoder_class(
+        adapter=adapter,
+        max_sequence_length=max_sequence_length,
+        include_source_ids=include_source_ids,
+        packing_algorithm=packing_algorithm,
+        max_sequences_per_bin=max_sequences_per_bin,
+        sequence_length_pad_multiple=sequence_length_pad_multiple,
+        only_unmask_final=only_unmask_final,
+        tokenizer=tokenizer,
+        cooker=loader_config.cooker,
+        packing_seed=loader_config.seed_offset,
+        failure_tolerance=loader_config.max_consecutive_failures,
+    )
+
+
+def build_energon_sft_loader(
+    *,
+    data_config: Mapping[str, Any],
+    source: Mapping[str, Any] | EnergonSourceConfig,
+    processor: Any,
+    batch_size: int,
+    max_sequence_length: int,
+    split_role: Literal["train", "validation"],
+    logical_rank: int,
+    logical_world_size: int,
+    placement_fingerprint: str,
+    packing_algorithm: str | None,
+    max_sequences_per_bin: int | None,
+    sequence_length_pad_multiple: int,
+    only_unmask_final: bool,
+) -> EnergonSFTDataLoader:
+    """Build one loader for an explicit logical data shard and split.
+
+    ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block; ``add_bos``,
+    ``add_eos`` and ``add_generation_prompt`` come from ``data_config`` (defaults True, True,
+    False). Training reads ``source.split`` shuffled, forever, in virtual epochs of
+    ``source.virtual_epoch_length`` batches, dropping a last partial batch; validation reads it
+    once in order, keeps the last partial batch and stops after ``source.limit`` batches.
+    """
+    if "energon" not in data_config:
+        raise ValueError(
+            "data_config has no 'energon' block; add data_config['energon'] with the Energon "
+            "loader settings (an empty mapping uses the defaults)"
+        )
+    if processor is None:
+        raise ValueError(
+            "processor is None; a tokenizer or a processor (with .tokenizer) is required"
+        )
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not placement_fingerprint:
+        raise ValueError(
+            "placement_fingerprint is empty; pass the fingerprint of the logical placement so "
+            "a state saved under another placement is refused"
+        )
+    if split_role not in _SPLIT_ROLES:
+        raise ValueError(f"split_role must be one of {_SPLIT_ROLES}, got {split_role!r}")
+    loader_config = _loader_config(data_config["energon"])
+    source = _source_config(source, name=f"{split_role} source")
+    packing = loader_config.packing_buffer_size is not None
+    if packing_algorithm is not None:
+        packing_algorithm = parse_packing_algorithm(packing_algorithm).value
+    if packing and packing_algorithm is None:
+        raise ValueError(
+            f"packing_buffer_size is {loader_config.packing_buffer_size} but packing_algorithm "
+            "is None; set a packing algorithm or remove packing_buffer_size"
+        )
+    if packing_algorithm is not None and not packing:
+        raise ValueError(
+            f"packing_algorithm is {packing_algorithm!r} but packing_buffer_size is not set; "
+            "set data_config['energon']['packing_buffer_size'] to pack"
+        )
+    shuffle: bool | None = None
+    if split_role == "train":
+        if source.virtual_epoch_length <= 0:
+            raise ValueError(
+                f"train source {source.path!r}: virtual_epoch_length must be > 0 (training "
+                "loaders are infinite; it is the number of batches per epoch), got "
+                f"{source.virtual_epoch_length}"
+            )
+        if data_config.get("shuffle") is not True:
+            raise ValueError(
+                f"data_config['shuffle'] is {data_config.get('shuffle')!r}; the Energon train "
+                "loader always shuffles, set shuffle: true"
+            )
+        shuffle = True
+
+    adapter = ProcessorAdapter.from_processor(processor, data_config, max_sequence_length)
+    worker_config = _worker_config(
+        loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
+    )
+    task_encoder = _task_encoder(
+        loader_config=loader_config,
+        adapter=adapter,
+        include_source_ids=True,
+        packing_algorithm=packing_algorithm,
+        max_sequences_per_bin=max_sequences_per_bin,
+        max_sequence_length=max_sequence_length,
+        sequence_length_pad_multiple=sequence_length_pad_multiple,
+        tokenizer=adapter.tokenizer,
+        only_unmask_final=only_unmask_final,
+    )
+    common = dict(
+        split_part=source.split,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        packing_buffer_size=loader_config.packing_buffer_size,
+        task_encoder=task_encoder,
+    )
+    if split_role == "train":
+        dataset = get_train_dataset(
+            source.path,
+            batch_drop_last=True,
+            shuffle_buffer_size=loader_config.shuffle_buffer_size,
+            max_samples_per_sequence=loader_config.max_samples_per_sequence,
+            virtual_epoch_length=source.virtual_epoch_length,
+            **common,
+        )
+    else:
+        dataset = get_val_dataset(source.path, batch_drop_last=False, limit=source.limit, **common)
+    loader = get_savable_loader(
+        dataset,
+        checkpoint_every_sec=loader_config.checkpoint_every_sec,
+        prefetch_factor=loader_config.prefetch_factor,
+        watchdog_timeout_seconds=loader_config.watchdog_timeout_seconds,
+    )
+    identity = _loader_identity(
+        source=source,
+        loader_config=loader_config,
+        adapter_fingerprint=adapter.fingerprint,
+        split_role=split_role,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        topology=_v2_topology(
+            loader_config=loader_config,
+            placement_fingerprint=placement_fingerprint,
+            logical_rank=logical_rank,
+            logical_world_size=logical_world_size,
+        ),
+        packing_algorithm=packing_algorithm,
+        max_sequences_per_bin=max_sequences_per_bin,
+        sequence_length_pad_multiple=sequence_length_pad_multiple,
+        only_unmask_final=only_unmask_final,
+    )
+    identity["components"] = task_encoder.component_versions
+    return EnergonSFTDataLoader(loader, identity=identity)

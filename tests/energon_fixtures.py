@@ -1,0 +1,115 @@
+"""Helpers for tests: tiny real Energon datasets of real chitchat conversations.
+
+Samples are written in shard order, so the keys of every split are known without reading the
+dataset back: ``ChatDataset.split_keys[split]`` lists them in the order they were written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_data.energon.dataset_writer import DEFAULT_SPLITS, write_energon_dataset
+from rl_data.energon.sample_format import encode_sample
+
+#: Kinds of corrupt samples, each failing in the cooker for another reason.
+CORRUPT_KINDS = ("invalid_json", "unknown_role", "empty_messages")
+
+
+@dataclass(frozen=True)
+class ChatDataset:
+    """A prepared dataset on disk and what each of its splits holds."""
+
+    root: Path
+    #: Keys of every sample (good and corrupt) per split, in written order.
+    split_keys: dict[str, list[str]]
+    #: Keys of the corrupt samples per split.
+    corrupt_keys: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return str(self.root)
+
+    def good_keys(self, split: str) -> list[str]:
+        corrupt = set(self.corrupt_keys.get(split, ()))
+        return [k for k in self.split_keys[split] if k not in corrupt]
+
+
+def sample_key(conversation: Mapping[str, Any], row: int) -> str:
+    """The key a conversation is stored under (unique, WebDataset-safe)."""
+    return f"chat-{row:05d}-{conversation['id'][:8]}"
+
+
+def chat_members(
+    conversation: Mapping[str, Any], row: int, *, max_messages: int = 4
+) -> dict[str, bytes]:
+    """The tar members of one SFT sample (first ``max_messages`` turns of the conversation)."""
+    return encode_sample(
+        {
+            "kind": "sft",
+            "messages": list(conversation["messages"][:max_messages]),
+            "source": {"file": "chitchat", "row": row},
+        }
+    )
+
+
+def corrupt_members(kind: str, row: int) -> dict[str, bytes]:
+    """The tar members of a sample that the chat cooker must reject."""
+    if kind == "invalid_json":
+        return {"json": b'{"kind": "sft", "messages": [{"role": "user", '}
+    if kind == "unknown_role":
+        messages = [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "hi"}]
+    elif kind == "empty_messages":
+        messages = []
+    else:
+        raise ValueError(f"unknown corrupt kind {kind!r}; valid kinds are {CORRUPT_KINDS}")
+    return {
+        "json": json.dumps(
+            {"kind": "sft", "messages": messages, "source": {"file": "corrupt", "row": row}}
+        ).encode()
+    }
+
+
+def write_chat_dataset(
+    root: str | Path,
+    conversations: Sequence[Mapping[str, Any]],
+    *,
+    samples_per_shard: int,
+    corrupt_rows: Sequence[int] = (),
+    splits: Mapping[str, float] = DEFAULT_SPLITS,
+    max_messages: int = 4,
+) -> ChatDataset:
+    """Write ``conversations`` as a prepared Energon dataset under ``root``.
+
+    Rows in ``corrupt_rows`` are replaced by corrupt samples, cycling through
+    :data:`CORRUPT_KINDS`.
+    """
+    corrupt_kind = {
+        row: CORRUPT_KINDS[i % len(CORRUPT_KINDS)] for i, row in enumerate(corrupt_rows)
+    }
+    keys, samples = [], []
+    for row, conversation in enumerate(conversations):
+        key = sample_key(conversation, row)
+        if row in corrupt_kind:
+            key = f"corrupt-{row:05d}-{corrupt_kind[row].replace('_', '-')}"
+            members = corrupt_members(corrupt_kind[row], row)
+        else:
+            members = chat_members(conversation, row, max_messages=max_messages)
+        keys.append(key)
+        samples.append((key, members))
+    shards = write_energon_dataset(
+        root, samples, samples_per_shard=samples_per_shard, splits=splits
+    )
+    split_keys = {}
+    for split, shard_paths in shards.items():
+        indices = [int(Path(p).stem.split("-")[1]) for p in shard_paths]
+        split_keys[split] = [
+            k for i in indices for k in keys[i * samples_per_shard : (i + 1) * samples_per_shard]
+        ]
+    corrupt = {
+        split: [k for k in split_keys[split] if k.startswith("corrupt-")] for split in split_keys
+    }
+    return ChatDataset(root=Path(root), split_keys=split_keys, corrupt_keys=corrupt)
