@@ -25,6 +25,7 @@ from megatron.energon import (
 from megatron.energon.errors import FatalSampleError
 
 from rl_data.batched_data_dict import BatchedDataDict
+from rl_data.energon import energon_fixes  # noqa: F401  (fixes a worker-checkpoint race)
 from rl_data.energon.config import (
     EnergonLoaderConfig,
     EnergonSourceConfig,
@@ -266,9 +267,13 @@ def _task_encoder(
     sequence_length_pad_multiple: int,
     tokenizer: Any,
     only_unmask_final: bool,
+    processor: Any = None,
 ) -> BaseSFTTaskEncoder:
     encoder_class = get_task_encoder_class(loader_config.task_encoder)
+    # Multimodal encoders also need the processor's media parts, not just its tokenizer.
+    media = {"processor": processor} if getattr(encoder_class, "NEEDS_PROCESSOR", False) else {}
     return encoder_class(
+        **media,
         adapter=adapter,
         max_sequence_length=max_sequence_length,
         include_source_ids=include_source_ids,
@@ -369,6 +374,7 @@ def build_energon_sft_loader(
         sequence_length_pad_multiple=sequence_length_pad_multiple,
         tokenizer=adapter.tokenizer,
         only_unmask_final=only_unmask_final,
+        processor=processor,
     )
     common = dict(
         split_part=source.split,
