@@ -1,0 +1,223 @@
+"""The preprocessing job: raw conversation files -> validated samples -> Energon dataset.
+
+Stages (Ray Data, streaming; no stage holds the whole input):
+
+1. read: one task per input file streams ``(file, row, raw)`` blocks (``readers``);
+2. transform: parse, adapt, validate, tokenize and encode each row in parallel tasks with
+   fractional ``num_cpus`` (``transform``), so reads always find a free CPU slot and a 2-core
+   machine cannot deadlock; more cores or nodes run more tasks;
+3. write: the driver iterates the results in ``(file, row)`` order (``preserve_order``) and
+   writes shards + quarantine into a staged folder (``writer``), then Energon prepares it and
+   ``dataset_info.json`` is written; the folder is renamed onto the output only when complete.
+
+The output folder holds ``shards/``, ``.nv-meta/``, ``dataset_info.json`` and
+``quarantine.jsonl`` (the rejected rows: ``{file, row, reason, message, raw}``). The quarantine
+lives inside the output so it is published atomically with the dataset it belongs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+
+from rl_data.energon.dataset_writer import DEFAULT_SPLITS
+from rl_data.preprocess import adapters, readers, transform, writer
+from rl_data.preprocess.validation import RowRejected, parse_row
+
+_SPLIT_NAMES = ("train", "val", "test")
+
+
+class PreprocessConfig(BaseModel):
+    """Everything the job needs; recorded in ``dataset_info.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str] = Field(min_length=1, description="files, folders, globs or URIs")
+    output: str = Field(description="dataset folder to create (absolute path for ray job submit)")
+    input_format: Literal["auto", "jsonl", "json", "parquet"] = "auto"
+    adapter: str = Field("auto", description="'auto', a registered adapter name or 'pkg.module:function'")
+    tokenizer: str = Field("qwen3", description="'qwen3' (project tokenizer) or a local tokenizer folder")
+    max_tokens: PositiveInt | None = Field(None, description="quarantine rows longer than this (too_long)")
+    target_shard_bytes: PositiveInt = 64 * 1024 * 1024
+    target_shard_rows: PositiveInt | None = None
+    splits: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SPLITS))
+    overwrite: bool = False
+    num_cpus_per_task: float = Field(0.5, gt=0, le=1, description="CPU share of each transform task")
+    batch_size: PositiveInt = 256
+    rows_per_block: PositiveInt = 1024
+    raw_chars: PositiveInt = 2000
+    detect_rows: PositiveInt = 100
+    prepare_workers: PositiveInt = 2
+    progress: bool = True
+
+    @field_validator("splits")
+    @classmethod
+    def _known_splits(cls, splits: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(splits) - set(_SPLIT_NAMES))
+        if unknown or any(v < 0 for v in splits.values()) or not any(v > 0 for v in splits.values()):
+            raise ValueError(
+                f"splits {splits} must map names in {_SPLIT_NAMES} to ratios >= 0 with at least one > 0"
+            )
+        return splits
+
+    @field_validator("output")
+    @classmethod
+    def _absolute_output(cls, output: str) -> str:
+        return str(Path(output).expanduser().absolute())
+
+
+class PreprocessSummary(BaseModel):
+    """What the job did (also in ``dataset_info.json``)."""
+
+    output: str
+    adapter: str
+    read: int
+    accepted: int
+    quarantined: int
+    quarantined_by_reason: dict[str, int]
+    splits: dict[str, int]
+    shards: int
+    token_lengths: dict[str, Any]
+
+
+def connect_ray(address: str | None = None) -> None:
+    """Attach to the cluster at ``address`` / ``$RAY_ADDRESS`` (set inside ``ray job submit``),
+    else let ``ray.init()`` find a running local cluster or start one. No-op if connected."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or "auto")
+    else:
+        ray.init()
+
+
+def choose_adapter(config: PreprocessConfig, files: list[readers.InputFile]) -> str:
+    """The configured adapter, or the one detected from the first ``detect_rows`` rows."""
+    if config.adapter != "auto":
+        adapters.resolve_adapter(config.adapter)  # fail fast on the driver
+        return config.adapter
+    rows = []
+    for _, _, raw in readers.peek_rows(files, config.detect_rows):
+        with contextlib.suppress(RowRejected):
+            rows.append(parse_row(raw))
+    return adapters.detect_adapter(rows)
+
+
+def run_preprocess(config: PreprocessConfig) -> PreprocessSummary:
+    """Run the whole job on the connected Ray cluster (see :func:`connect_ray`)."""
+    import ray
+
+    writer.refuse_existing_output(config.output, overwrite=config.overwrite)
+    files = readers.resolve_inputs(config.inputs, config.input_format)
+    prefixes = {transform.file_key_prefix(f.name): f.name for f in files}
+    if len(prefixes) != len(files):
+        raise ValueError("two input file names share a key prefix; rename one of the input files")
+    adapter = choose_adapter(config, files)
+    transform.load_tokenizer(config.tokenizer)  # builds the tokenizer cache once, before the workers
+    identity_task = ray.remote(num_cpus=0.25)(readers.file_identity)
+    identity_refs = [identity_task.remote(f) for f in files]
+
+    with writer.staged_output(config.output, overwrite=config.overwrite) as staging:
+        dataset_writer = writer.DatasetWriter(
+            staging, target_shard_bytes=config.target_shard_bytes, target_shard_rows=config.target_shard_rows
+        )
+        with _data_context(progress=config.progress):
+            for batch in _progress(_transformed_batches(config, files, adapter), config.progress):
+                dataset_writer.add_batch(batch)
+        stats = dataset_writer.close()
+        info = {"inputs": ray.get(identity_refs), "adapter": adapter, "config": config.model_dump(mode="json"),
+                "versions": _versions(), "format": "rl_data.preprocess/1"}
+        content = writer.finish_dataset(
+            staging, stats, splits=config.splits, prepare_workers=config.prepare_workers, info=info
+        )
+    summary = PreprocessSummary(
+        output=config.output, adapter=adapter, read=stats.read, accepted=stats.accepted,
+        quarantined=stats.quarantined, quarantined_by_reason=content["counts"]["quarantined_by_reason"],
+        splits={name: split["samples"] for name, split in content["splits"].items()},
+        shards=len(stats.shards), token_lengths=content["token_lengths"],
+    )
+    if config.progress:
+        print_summary(summary)
+    return summary
+
+
+def print_summary(summary: PreprocessSummary) -> None:
+    """A rich table of the counts per reason and split."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"preprocess -> {summary.output} (adapter {summary.adapter})")
+    table.add_column("what")
+    table.add_column("rows", justify="right")
+    for what, count in [("read", summary.read), ("accepted", summary.accepted), ("quarantined", summary.quarantined)]:
+        table.add_row(what, str(count))
+    for reason, count in summary.quarantined_by_reason.items():
+        table.add_row(f"  quarantined: {reason}", str(count))
+    for split, count in summary.splits.items():
+        table.add_row(f"  split {split}", str(count))
+    table.add_row("shards", str(summary.shards))
+    table.add_row("tokens min/mean/p50/p95/max",
+                  " / ".join(str(summary.token_lengths[k]) for k in ("min", "mean", "p50", "p95", "max")))
+    Console().print(table)
+
+
+def _transformed_batches(config: PreprocessConfig, files: list[readers.InputFile], adapter: str) -> Iterator[Any]:
+    import ray
+
+    items = [{"uri": f.uri, "name": f.name, "format": f.format} for f in files]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map_batches(readers.read_rows_batch, batch_size=1, batch_format="numpy", num_cpus=0.25,
+                        fn_kwargs={"rows_per_block": config.rows_per_block})
+    ds = ds.map_batches(
+        transform.transform_batch, batch_size=config.batch_size, batch_format="pyarrow",
+        num_cpus=config.num_cpus_per_task,
+        fn_kwargs={"adapter": adapters.resolve_adapter(adapter), "tokenizer": config.tokenizer, "max_tokens": config.max_tokens,
+                   "raw_chars": config.raw_chars},
+    )
+    return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
+
+
+@contextlib.contextmanager
+def _data_context(*, progress: bool) -> Iterator[None]:
+    """Ray Data with order preserved (deterministic shards) and progress bars on or off."""
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    saved = (context.execution_options.preserve_order, context.enable_progress_bars)
+    context.execution_options.preserve_order, context.enable_progress_bars = True, progress
+    try:
+        yield
+    finally:
+        context.execution_options.preserve_order, context.enable_progress_bars = saved
+
+
+def _progress(batches: Iterator[Any], enabled: bool) -> Iterator[Any]:
+    from tqdm import tqdm
+
+    with tqdm(desc="writing shards", unit="rows", disable=not enabled) as bar:
+        for batch in batches:
+            yield batch
+            bar.update(batch.num_rows)
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ("rl_data", "ray", "megatron-energon", "pyarrow", "transformers", "tokenizers"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    return versions
+
+
+def load_dataset_info(output: str | os.PathLike) -> dict[str, Any]:
+    """The ``dataset_info.json`` of a produced dataset."""
+    return json.loads((Path(output) / "dataset_info.json").read_text())

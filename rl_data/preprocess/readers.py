@@ -1,0 +1,215 @@
+"""Find the input files and stream their rows, with source file and row number, through Ray Data.
+
+Inputs are local paths, directories, globs or any URI pyarrow's filesystems understand
+(``s3://``, ``gs://``, ``hdfs://``, ...; globs on URIs go through fsspec). Every row comes out
+as ``{"file": <name relative to the input root>, "row": <0-based index in the file>, "raw":
+<the row as JSON text>}``; rows are *not* parsed here, so a malformed line becomes a quarantined
+row later instead of failing the read. ``row`` is the 0-based line index for JSONL (blank
+lines are skipped but counted), the 0-based element index for a JSON array and the 0-based
+row index for Parquet.
+
+One read task per file streams blocks of ``rows_per_block`` rows (bounded memory for JSONL and
+Parquet of any size; a JSON array file is parsed whole, so use JSONL for huge files). Read
+tasks run wherever Ray schedules them: on a cluster, inputs must be readable from every node.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import glob as globlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+InputFormat = Literal["jsonl", "json", "parquet"]
+_EXTENSIONS: dict[str, InputFormat] = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet",
+}
+_GLOB_CHARS = set("*?[")
+ROW_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("raw", pa.large_string())])
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file: where to open it, its stable name (relative to the input root), its format."""
+
+    uri: str
+    name: str
+    format: InputFormat
+
+
+def resolve_inputs(patterns: Sequence[str], input_format: InputFormat | Literal["auto"] = "auto") -> list[InputFile]:
+    """Expand paths, directories and globs into a sorted, duplicate-free list of input files.
+
+    Names are relative to the deepest folder common to all files (just the file name for one
+    file), so the same inputs get the same names wherever they are mounted.
+    """
+    uris: list[str] = []
+    for pattern in patterns:
+        found = _expand(pattern)
+        if not found:
+            raise FileNotFoundError(f"input {pattern!r} matches no file; check the path or glob")
+        uris.extend(found)
+    uris = sorted(set(uris))
+    root = _common_folder(uris)
+    files = []
+    for uri in uris:
+        name = uri[len(root):].lstrip("/") if root else uri
+        files.append(InputFile(uri=uri, name=name, format=_format_of(uri, input_format)))
+    return files
+
+
+def stream_file_rows(file: InputFile, rows_per_block: int = 1024) -> Iterator[pa.Table]:
+    """Yield ``ROW_SCHEMA`` tables of at most ``rows_per_block`` rows of ``file``, in file order."""
+    fs, path = pafs.FileSystem.from_uri(file.uri)
+    rows: list[tuple[int, str]] = []
+    for row, raw in _raw_rows(fs, path, file.format):
+        rows.append((row, raw))
+        if len(rows) == rows_per_block:
+            yield _table(file.name, rows)
+            rows = []
+    if rows:
+        yield _table(file.name, rows)
+
+
+def read_rows_batch(batch: dict[str, Any], rows_per_block: int) -> Iterator[pa.Table]:
+    """Ray Data ``map_batches`` generator: one batch of ``InputFile`` fields -> row tables."""
+    for uri, name, fmt in zip(batch["uri"], batch["name"], batch["format"]):
+        yield from stream_file_rows(InputFile(uri=str(uri), name=str(name), format=str(fmt)), rows_per_block)
+
+
+def peek_rows(files: Sequence[InputFile], limit: int) -> list[tuple[InputFile, int, str]]:
+    """The first ``limit`` raw rows across ``files`` (for schema detection), without Ray."""
+    found: list[tuple[InputFile, int, str]] = []
+    for file in files:
+        for table in stream_file_rows(file, rows_per_block=limit):
+            for row, raw in zip(table["row"].to_pylist(), table["raw"].to_pylist()):
+                found.append((file, row, raw))
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def file_identity(file: InputFile) -> dict[str, Any]:
+    """``{path, name, size, mtime_ns, sha256}`` of an input file (streams the whole file)."""
+    fs, path = pafs.FileSystem.from_uri(file.uri)
+    info = fs.get_file_info(path)
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as stream:
+        while block := stream.read(1 << 20):
+            digest.update(block)
+    return {"path": file.uri, "name": file.name, "size": info.size, "mtime_ns": info.mtime_ns,
+            "sha256": digest.hexdigest()}
+
+
+def _expand(pattern: str) -> list[str]:
+    is_uri = "://" in pattern
+    if not is_uri:
+        pattern = os.path.abspath(os.path.expanduser(pattern))
+    if _GLOB_CHARS & set(pattern):
+        if not is_uri:
+            return [p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p)]
+        import fsspec
+
+        fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        protocol = pattern.split("://", 1)[0]
+        return [f"{protocol}://{p}" for p in paths if fs.isfile(p)]
+    fs, path = pafs.FileSystem.from_uri(pattern)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [pattern]
+    if info.type == pafs.FileType.Directory:
+        selector = pafs.FileSelector(path, recursive=True)
+        prefix = pattern[: len(pattern) - len(path)] if is_uri else ""
+        return [prefix + i.path for i in fs.get_file_info(selector)
+                if i.type == pafs.FileType.File and os.path.splitext(i.path)[1].lower() in _EXTENSIONS]
+    return []
+
+
+def _common_folder(uris: Sequence[str]) -> str:
+    if len(uris) == 1:
+        return uris[0].rsplit("/", 1)[0] + "/" if "/" in uris[0] else ""
+    folder = os.path.commonprefix(list(uris))
+    return folder[: folder.rfind("/") + 1]
+
+
+def _format_of(uri: str, input_format: str) -> InputFormat:
+    if input_format != "auto":
+        return input_format  # type: ignore[return-value]
+    extension = os.path.splitext(uri)[1].lower()
+    if extension not in _EXTENSIONS:
+        raise ValueError(
+            f"cannot tell the format of {uri!r} from its extension {extension!r}; expected one of "
+            f"{sorted(_EXTENSIONS)} or pass input_format='jsonl'|'json'|'parquet'"
+        )
+    return _EXTENSIONS[extension]
+
+
+def _raw_rows(fs: pafs.FileSystem, path: str, fmt: str) -> Iterator[tuple[int, str]]:
+    if fmt == "parquet":
+        with fs.open_input_file(path) as f:
+            row = 0
+            for record_batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+                for record in record_batch.to_pylist():
+                    yield row, json.dumps(record, ensure_ascii=False, default=_json_default)
+                    row += 1
+        return
+    with fs.open_input_stream(path) as stream:
+        if fmt == "json":
+            data = stream.read()
+            if data.lstrip()[:1] == b"[":
+                try:
+                    records = json.loads(data)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{path} looks like a JSON array but does not parse ({error}); fix the "
+                        "file or convert it to JSON lines (one object per line)"
+                    ) from error
+                for row, record in enumerate(records):
+                    yield row, json.dumps(record, ensure_ascii=False)
+                return
+            lines = data.splitlines()  # a .json file holding JSON lines
+        else:
+            lines = _lines(stream)
+        for row, line in enumerate(lines):
+            text = line.decode("utf-8", errors="replace").strip()
+            if text:
+                yield row, text
+
+
+def _lines(stream: Any) -> Iterator[bytes]:
+    pending = b""
+    while block := stream.read(1 << 20):
+        pending += block
+        *complete, pending = pending.split(b"\n")
+        yield from complete
+    if pending:
+        yield pending
+
+
+def _json_default(value: Any) -> Any:
+    """Parquet values JSON cannot hold: bytes stay visibly non-text, dates become ISO strings."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(value)[:64]).decode(), "size": len(value)}
+    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    raise TypeError(f"cannot represent {type(value).__name__} from Parquet as JSON")
+
+
+def _table(name: str, rows: list[tuple[int, str]]) -> pa.Table:
+    return pa.Table.from_arrays(
+        [pa.array([name] * len(rows), pa.string()), pa.array([r for r, _ in rows], pa.int64()),
+         pa.array([raw for _, raw in rows], pa.large_string())],
+        schema=ROW_SCHEMA,
+    )

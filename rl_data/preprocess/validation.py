@@ -1,0 +1,122 @@
+"""Row validation with reason codes: every rejected row says which rule it broke and where.
+
+A problem is raised as :class:`RowRejected` ``(reason, message)``; ``reason`` is one of
+:data:`REASONS`. Message checks build on :func:`rl_data.tokenization.validate_messages` (the
+loader's own rules); the checks before it only give the common problems their own codes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rl_data.tokenization.validation import CHAT_ROLES, validate_messages
+
+#: Reason code -> what it means. Summaries and ``dataset_info.json`` count rows per code.
+REASONS: dict[str, str] = {
+    "invalid_json": "the row is not valid JSON or not a JSON object",
+    "missing_field": "a field the schema needs is missing or has the wrong shape",
+    "invalid_role": "a message has a missing or unknown role",
+    "non_text_content": "a message content is not text (number, dict, image part, bytes, ...)",
+    "empty_content": "a message content is empty or whitespace only",
+    "no_assistant_turn": "the conversation has no assistant turn to train on",
+    "identical_preference": "a preference pair has identical chosen and rejected completions",
+    "invalid_message": "the message list breaks another chat rule (tool calls, ...)",
+    "too_long": "the tokenized conversation is longer than max_tokens",
+    "adapter_error": "the schema adapter raised an unexpected exception",
+}
+
+
+class RowRejected(ValueError):
+    """A row that cannot become a sample; ``reason`` is a key of :data:`REASONS`."""
+
+    def __init__(self, reason: str, message: str):
+        if reason not in REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}; expected one of {sorted(REASONS)}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def parse_row(raw: str) -> dict[str, Any]:
+    """The JSON object of one raw row, or :class:`RowRejected` ``invalid_json``."""
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise RowRejected("invalid_json", f"row is not valid JSON: {error}") from None
+    if not isinstance(row, dict):
+        raise RowRejected("invalid_json", f"row must be a JSON object, found {type(row).__name__}")
+    return row
+
+
+def validate_sample(sample: Mapping[str, Any]) -> None:
+    """Raise :class:`RowRejected` for the first problem of an adapted sample (SFT or preference)."""
+    if sample.get("kind") == "preference":
+        context = sample.get("context")
+        for field in ("context", "chosen", "rejected"):
+            if not isinstance(sample.get(field), list) or (field != "context" and not sample[field]):
+                raise RowRejected("missing_field", f"preference {field!r} must be a non-empty list of messages")
+        for field in ("chosen", "rejected"):
+            _validate_conversation(context + sample[field], where=f"{field}: ")
+            if not any(_role(m) == "assistant" for m in sample[field]):
+                raise RowRejected("no_assistant_turn", f"{field} has no assistant message")
+        if sample["chosen"] == sample["rejected"]:
+            raise RowRejected("identical_preference", "chosen and rejected are identical")
+        return
+    _validate_conversation(sample.get("messages"), where="")
+
+
+def conversations_of(sample: Mapping[str, Any]) -> list[list[dict]]:
+    """The conversations a sample trains on: its messages, or context + chosen / + rejected."""
+    if sample["kind"] == "preference":
+        return [sample["context"] + sample["chosen"], sample["context"] + sample["rejected"]]
+    return [sample["messages"]]
+
+
+def _validate_conversation(messages: Any, *, where: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise RowRejected("missing_field", f"{where}messages must be a non-empty list, found {_brief(messages)}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in CHAT_ROLES:
+            found = message.get("role") if isinstance(message, Mapping) else type(message).__name__
+            raise RowRejected(
+                "invalid_role", f"{where}message {index}: role {found!r} is not one of {list(CHAT_ROLES)}"
+            )
+        content = message.get("content")
+        label = f"{where}message {index} ({message['role']})"
+        if content is None and message.get("tool_calls"):
+            continue
+        if not _is_text(content):
+            raise RowRejected("non_text_content", f"{label}: content must be text, found {_brief(content)}")
+        if not _text_of(content).strip():
+            raise RowRejected("empty_content", f"{label}: content is empty")
+    try:
+        validate_messages(messages)
+    except ValueError as error:
+        raise RowRejected("invalid_message", f"{where}{error}") from None
+    if not any(message["role"] == "assistant" for message in messages):
+        roles = [message["role"] for message in messages]
+        raise RowRejected("no_assistant_turn", f"{where}conversation has no assistant turn (roles {roles})")
+
+
+def _is_text(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    )
+
+
+def _text_of(content: str | Sequence[Mapping[str, str]]) -> str:
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, Mapping) else None
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
