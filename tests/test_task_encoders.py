@@ -158,9 +158,9 @@ def test_registries_name_the_valid_choices():
     assert get_task_encoder_class("chat_sft") is ChatSFTTaskEncoder
     assert get_cooker("chat") is ChatCooker
     assert SeedPathEncoder is BaseSFTTaskEncoder
-    with pytest.raises(ValueError, match=r"unknown task encoder 'sft'; valid task encoders are \['chat_sft'\]"):
+    with pytest.raises(ValueError, match=r"unknown task encoder 'sft'; valid task encoders are \['chat_sft', 'preference', 'vlm_sft'\]"):
         get_task_encoder_class("sft")
-    with pytest.raises(ValueError, match=r"unknown cooker 'raw'; valid cookers are \['chat'\]"):
+    with pytest.raises(ValueError, match=r"unknown cooker 'raw'; valid cookers are \['chat', 'multimodal_chat', 'preference'\]"):
         get_cooker("raw")
 
 

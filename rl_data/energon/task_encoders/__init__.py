@@ -6,9 +6,17 @@ from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder, EncodedSFTSample, PackedSFTSample
 from rl_data.energon.task_encoders.chat_sft import ChatSFTTaskEncoder
 from rl_data.energon.task_encoders.cookers import COOKERS, ChatCooker, ChatSample, get_cooker
+from rl_data.energon.task_encoders.preference import PreferenceCooker, PreferenceTaskEncoder
+from rl_data.energon.multimodal.task_encoders.vlm_sft import MultimodalChatCooker, VLMSFTTaskEncoder
+
+COOKERS.update({"multimodal_chat": MultimodalChatCooker, "preference": PreferenceCooker})
 
 #: Task encoder classes by name (``EnergonLoaderConfig`` selects one).
-TASK_ENCODERS: dict[str, type[BaseSFTTaskEncoder]] = {"chat_sft": ChatSFTTaskEncoder}
+TASK_ENCODERS: dict[str, type[BaseSFTTaskEncoder]] = {
+    "chat_sft": ChatSFTTaskEncoder,
+    "vlm_sft": VLMSFTTaskEncoder,
+    "preference": PreferenceTaskEncoder,
+}
 
 
 def get_task_encoder_class(name: str) -> type[BaseSFTTaskEncoder]:
@@ -29,8 +37,12 @@ __all__ = [
     "ChatSFTTaskEncoder",
     "ChatSample",
     "EncodedSFTSample",
+    "MultimodalChatCooker",
     "PackedSFTSample",
+    "PreferenceCooker",
+    "PreferenceTaskEncoder",
     "ProcessorAdapter",
+    "VLMSFTTaskEncoder",
     "get_cooker",
     "get_task_encoder_class",
 ]
