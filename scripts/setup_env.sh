@@ -12,7 +12,7 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch first, pinned: an unpinned torch may pull a multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e ".[test,multimodal]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,multimodal]"
 echo "$want" > "$stamp"
 echo "setup_env: .venv ready ($(.venv/bin/python -c 'import torch, ray, transformers; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__)'))"
