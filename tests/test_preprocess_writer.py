@@ -18,6 +18,7 @@ def rows(file: str, accepted: list[bool], start: int = 0, payload_size: int = 10
         "key": [sample_key(file, r) for r in range(start, start + n)], "accepted": accepted,
         "kind": ["sft" if a else "" for a in accepted],
         "payload": [b'{"kind":"sft","n":"' + b"x" * payload_size + b'"}' if a else b"" for a in accepted],
+        "media": [[] for _ in accepted],
         "num_tokens": [5 if a else -1 for a in accepted],
         "reason": ["" if a else "empty_content" for a in accepted],
         "message": ["" if a else "content is empty" for a in accepted],

@@ -15,12 +15,14 @@ packages that module itself imports.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rl_data.preprocess.media import MEDIA_COLUMNS
 from rl_data.preprocess.validation import RowRejected
 
 Adapter = Callable[[dict[str, Any]], dict[str, Any]]
@@ -29,6 +31,7 @@ SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
     "model": "assistant", "system": "system", "tool": "tool", "observation": "tool",
 }
+_PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,13 @@ def detect_adapter(rows: Sequence[Mapping[str, Any]]) -> str:
 
 @register_adapter("openai", ["messages"])
 def openai_messages(row: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI chat format: ``{"messages": [{"role", "content", ...}], "tools"?: [...]}``."""
+    """OpenAI chat format: ``{"messages": [{"role", "content", ...}], "tools"?: [...]}``.
+
+    Content parts may be media (``{"type": "image", "image": "cat.jpg"}``, ...); the row's
+    ``images`` / ``videos`` / ``audios`` columns are kept for them (see ``preprocess.media``).
+    """
     messages = _field(row, "messages", list)
-    sample: dict[str, Any] = {"kind": "sft", "messages": list(messages)}
+    sample: dict[str, Any] = {"kind": "sft", "messages": list(messages), **_media_columns(row)}
     if row.get("tools"):
         sample["tools"] = _field(row, "tools", list)
     return sample
@@ -115,7 +122,13 @@ def openai_messages(row: dict[str, Any]) -> dict[str, Any]:
 
 @register_adapter("sharegpt", ["conversations"])
 def sharegpt(row: dict[str, Any]) -> dict[str, Any]:
-    """ShareGPT: ``{"conversations": [{"from": "human"|"gpt"|..., "value": str}], "system"?: str}``."""
+    """ShareGPT: ``{"conversations": [{"from": "human"|"gpt"|..., "value": str}], "system"?: str}``.
+
+    LLaVA style: when the row has a media column (``image``/``images``, ``video``/``videos``,
+    ``audio``/``audios``: a path or a list of paths/bytes), each ``<image>``, ``<video>`` or
+    ``<audio>`` in a value becomes a media part taking the next item of that column.
+    """
+    columns = _media_columns(row)
     messages = _system(row)
     for index, turn in enumerate(_field(row, "conversations", list)):
         if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
@@ -125,8 +138,10 @@ def sharegpt(row: dict[str, Any]) -> dict[str, Any]:
             raise RowRejected(
                 "invalid_role", f"conversations[{index}]: unknown speaker {speaker!r}; expected one of {sorted(SHAREGPT_ROLES)}"
             )
-        messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
-    return {"kind": "sft", "messages": messages}
+        value = turn["value"]
+        content = _media_parts(value) if columns and isinstance(value, str) else value
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": content})
+    return {"kind": "sft", "messages": messages, **columns}
 
 
 @register_adapter("alpaca", ["instruction", "output"])
@@ -184,6 +199,32 @@ def _completion(row: dict[str, Any], key: str, context: list) -> list:
     if isinstance(value, list):
         return value[len(context):] if value[: len(context)] == context else value
     raise RowRejected("missing_field", f"{key!r} must be a string, a message or a message list, found {value!r:.80}")
+
+
+def _media_columns(row: dict[str, Any]) -> dict[str, list]:
+    """The row's media columns as lists under their plural names (``image: x`` -> ``images: [x]``)."""
+    columns = {}
+    for plural in MEDIA_COLUMNS.values():
+        for key in (plural, plural[:-1]):
+            value = row.get(key)
+            if value is not None and value != []:
+                columns[plural] = value if isinstance(value, list) else [value]
+                break
+    return columns
+
+
+def _media_parts(text: str) -> str | list[dict[str, str]]:
+    """``"<image>\nWhat is it?"`` -> ``[{"type": "image"}, {"type": "text", "text": "\nWhat is it?"}]``."""
+    pieces = _PLACEHOLDER.split(text)
+    if len(pieces) == 1:
+        return text
+    parts = []
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            parts.append({"type": piece})
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
 
 
 def _system(row: dict[str, Any]) -> list[dict[str, Any]]:

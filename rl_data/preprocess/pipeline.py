@@ -13,6 +13,11 @@ Stages (Ray Data, streaming; no stage holds the whole input):
 The output folder holds ``shards/``, ``.nv-meta/``, ``dataset_info.json`` and
 ``quarantine.jsonl`` (the rejected rows: ``{file, row, reason, message, raw}``). The quarantine
 lives inside the output so it is published atomically with the dataset it belongs to.
+
+Rows may carry media (images, videos, audio) by path or bytes (``preprocess.media``): the
+transform loads and checks them, and they travel as bytes in Ray Data blocks to the writer,
+which stores them as members of the sample (``energon.sample_format``). Read blocks are cut by
+size (``block_bytes``) and shards count media bytes, so large media keep memory bounded.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ class PreprocessConfig(BaseModel):
     splits: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SPLITS))
     overwrite: bool = False
     num_cpus_per_task: float = Field(0.5, gt=0, le=1, description="CPU share of each transform task")
-    batch_size: PositiveInt = 256
+    batch_size: PositiveInt = Field(256, description="rows per transform task (lower it for rows with large media)")
     rows_per_block: PositiveInt = 1024
+    block_bytes: PositiveInt = Field(readers.BLOCK_BYTES, description="cut read blocks at about this much row text")
     raw_chars: PositiveInt = 2000
     detect_rows: PositiveInt = 100
     prepare_workers: PositiveInt = 2
@@ -177,12 +183,12 @@ def _transformed_batches(config: PreprocessConfig, files: list[readers.InputFile
     items = [{"uri": f.uri, "name": f.name, "format": f.format} for f in files]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map_batches(readers.read_rows_batch, batch_size=1, batch_format="numpy", num_cpus=0.25,
-                        fn_kwargs={"rows_per_block": config.rows_per_block})
+                        fn_kwargs={"rows_per_block": config.rows_per_block, "block_bytes": config.block_bytes})
     ds = ds.map_batches(
         transform.transform_batch, batch_size=config.batch_size, batch_format="pyarrow",
         num_cpus=config.num_cpus_per_task,
         fn_kwargs={"adapter": adapters.resolve_adapter(adapter), "tokenizer": config.tokenizer, "max_tokens": config.max_tokens,
-                   "raw_chars": config.raw_chars},
+                   "raw_chars": config.raw_chars, "folders": {f.name: readers.file_folder(f) for f in files}},
     )
     return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
 

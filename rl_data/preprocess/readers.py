@@ -8,8 +8,11 @@ row later instead of failing the read. ``row`` is the 0-based line index for JSO
 lines are skipped but counted), the 0-based element index for a JSON array and the 0-based
 row index for Parquet.
 
-One read task per file streams blocks of ``rows_per_block`` rows (bounded memory for JSONL and
-Parquet of any size; a JSON array file is parsed whole, so use JSONL for huge files). Read
+One read task per file streams blocks of at most ``rows_per_block`` rows and about
+``block_bytes`` of row text (bounded memory for JSONL and Parquet of any size, also with media
+bytes inline; a JSON array file is parsed whole, so use JSONL for huge files). Parquet
+``binary`` values become ``{"__bytes__": <base64>, "size": n}`` so media bytes survive the JSON
+row text (see ``preprocess.media``). Read
 tasks run wherever Ray schedules them: on a cluster, inputs must be readable from every node.
 """
 
@@ -36,6 +39,8 @@ _EXTENSIONS: dict[str, InputFormat] = {
 }
 _GLOB_CHARS = set("*?[")
 ROW_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("raw", pa.large_string())])
+#: Default cut of a read block by size: rows carrying media bytes make big blocks otherwise.
+BLOCK_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -68,23 +73,34 @@ def resolve_inputs(patterns: Sequence[str], input_format: InputFormat | Literal[
     return files
 
 
-def stream_file_rows(file: InputFile, rows_per_block: int = 1024) -> Iterator[pa.Table]:
-    """Yield ``ROW_SCHEMA`` tables of at most ``rows_per_block`` rows of ``file``, in file order."""
+def stream_file_rows(
+    file: InputFile, rows_per_block: int = 1024, block_bytes: int = BLOCK_BYTES
+) -> Iterator[pa.Table]:
+    """Yield ``ROW_SCHEMA`` tables of ``file``'s rows in file order, each of at most
+    ``rows_per_block`` rows and cut once its row text reaches ``block_bytes`` characters."""
     fs, path = pafs.FileSystem.from_uri(file.uri)
     rows: list[tuple[int, str]] = []
+    size = 0
     for row, raw in _raw_rows(fs, path, file.format):
         rows.append((row, raw))
-        if len(rows) == rows_per_block:
+        size += len(raw)
+        if len(rows) == rows_per_block or size >= block_bytes:
             yield _table(file.name, rows)
-            rows = []
+            rows, size = [], 0
     if rows:
         yield _table(file.name, rows)
 
 
-def read_rows_batch(batch: dict[str, Any], rows_per_block: int) -> Iterator[pa.Table]:
+def read_rows_batch(batch: dict[str, Any], rows_per_block: int, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
     """Ray Data ``map_batches`` generator: one batch of ``InputFile`` fields -> row tables."""
     for uri, name, fmt in zip(batch["uri"], batch["name"], batch["format"]):
-        yield from stream_file_rows(InputFile(uri=str(uri), name=str(name), format=str(fmt)), rows_per_block)
+        file = InputFile(uri=str(uri), name=str(name), format=str(fmt))
+        yield from stream_file_rows(file, rows_per_block, block_bytes)
+
+
+def file_folder(file: InputFile) -> str:
+    """The folder (path or URI) holding ``file``: where its rows' relative media paths start."""
+    return (file.uri.rsplit("/", 1)[0] or "/") if "/" in file.uri else "."
 
 
 def peek_rows(files: Sequence[InputFile], limit: int) -> list[tuple[InputFile, int, str]]:
@@ -197,9 +213,10 @@ def _lines(stream: Any) -> Iterator[bytes]:
 
 
 def _json_default(value: Any) -> Any:
-    """Parquet values JSON cannot hold: bytes stay visibly non-text, dates become ISO strings."""
+    """Parquet values JSON cannot hold: bytes stay visibly non-text (full base64, media may use
+    them), dates become ISO strings."""
     if isinstance(value, (bytes, bytearray)):
-        return {"__bytes__": base64.b64encode(bytes(value)[:64]).decode(), "size": len(value)}
+        return {"__bytes__": base64.b64encode(bytes(value)).decode(), "size": len(value)}
     if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, datetime.timedelta)):

@@ -2,9 +2,15 @@
 
 :func:`transform_batch` is the Ray Data ``map_batches`` function (pure per row, so it runs on
 any number of workers and its output does not depend on how rows are batched). Each output row
-has ``file, row, key, accepted, kind, payload, num_tokens, reason, message, raw``; accepted rows
-carry the encoded sample (``payload``) and its token length, rejected rows the reason code, the
-explanation and the raw row cut to ``raw_chars`` characters.
+has ``file, row, key, accepted, kind, payload, media, num_tokens, reason, message, raw``; accepted
+rows carry the encoded sample JSON (``payload``), its media members (``media``: ``[{name, data}]``,
+loaded here by :func:`~rl_data.preprocess.media.resolve_media`, so media bytes travel in Ray Data
+blocks) and its token length, rejected rows the reason code, the explanation and the raw row cut
+to ``raw_chars`` characters.
+
+Token lengths count text only: media parts are measured as empty text, so the placeholder
+tokens a multimodal processor inserts (their number depends on the loader's processor and
+``TaskDataSpec`` media settings) are not included, and ``max_tokens`` bounds the text of a row.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import pyarrow as pa
 
 from rl_data.energon.sample_format import SAMPLE_MEMBER, encode_sample
 from rl_data.preprocess.adapters import Adapter
-from rl_data.preprocess.validation import RowRejected, conversations_of, parse_row, validate_sample
+from rl_data.preprocess.media import resolve_media
+from rl_data.preprocess.validation import RowRejected, conversations_of, parse_row, text_view, validate_sample
 
 OUTPUT_SCHEMA = pa.schema([
     ("file", pa.string()), ("row", pa.int64()), ("key", pa.string()), ("accepted", pa.bool_()),
-    ("kind", pa.string()), ("payload", pa.large_binary()), ("num_tokens", pa.int64()),
+    ("kind", pa.string()), ("payload", pa.large_binary()),
+    ("media", pa.list_(pa.struct([("name", pa.string()), ("data", pa.large_binary())]))), ("num_tokens", pa.int64()),
     ("reason", pa.string()), ("message", pa.string()), ("raw", pa.large_string()),
 ])
 
@@ -52,32 +60,42 @@ def load_tokenizer(name: str) -> Any:
 
 
 def token_length(sample: dict[str, Any], tokenizer: Any) -> int:
-    """Tokens of the longest conversation of ``sample``, as the loader formats it."""
+    """Tokens of the longest conversation of ``sample``, as the loader formats its text (media
+    parts count as empty text, see the module docstring)."""
     from rl_data.tokenization.chat import get_formatted_message_log
 
     return max(
-        sum(len(turn["token_ids"]) for turn in get_formatted_message_log(messages, tokenizer, tools=sample.get("tools")))
+        sum(len(turn["token_ids"]) for turn in get_formatted_message_log(
+            [text_view(m) for m in messages], tokenizer, tools=sample.get("tools")))
         for messages in conversations_of(sample)
     )
 
 
 def transform_batch(
-    batch: pa.Table, *, adapter: Adapter, tokenizer: str, max_tokens: int | None, raw_chars: int
+    batch: pa.Table, *, adapter: Adapter, tokenizer: str, max_tokens: int | None, raw_chars: int,
+    folders: dict[str, str],
 ) -> pa.Table:
-    """Adapt, validate, measure and encode every row of a ``readers.ROW_SCHEMA`` batch."""
+    """Adapt, validate, load media, measure and encode every row of a ``readers.ROW_SCHEMA`` batch.
+
+    ``folders`` maps each input file name to its folder (path or URI), where relative media
+    paths of its rows start.
+    """
     tok = load_tokenizer(tokenizer)
     columns: dict[str, list] = {name: [] for name in OUTPUT_SCHEMA.names}
     for file, row, raw in zip(batch["file"].to_pylist(), batch["row"].to_pylist(), batch["raw"].to_pylist()):
         out = {"file": file, "row": row, "key": sample_key(file, row), "accepted": False, "kind": "",
-               "payload": b"", "num_tokens": -1, "reason": "", "message": "", "raw": ""}
+               "payload": b"", "media": [], "num_tokens": -1, "reason": "", "message": "", "raw": ""}
         try:
             sample = _adapt(adapter, parse_row(raw))
-            validate_sample(sample)
+            validate_sample(sample, media=True)
             out["num_tokens"] = _measure(sample, tok)
             if max_tokens is not None and out["num_tokens"] > max_tokens:
                 raise RowRejected("too_long", f"{out['num_tokens']} tokens > max_tokens={max_tokens}")
+            sample, media = resolve_media(sample, folders[file])
             sample["source"] = {"file": file, "row": row}
-            out.update(accepted=True, kind=sample["kind"], payload=encode_sample(sample)[SAMPLE_MEMBER])
+            members = encode_sample(sample, media)
+            out.update(accepted=True, kind=sample["kind"], payload=members.pop(SAMPLE_MEMBER),
+                       media=[{"name": name, "data": data} for name, data in sorted(members.items())])
         except RowRejected as rejected:
             out.update(reason=rejected.reason, message=rejected.message, raw=raw[:raw_chars])
         for name, value in out.items():

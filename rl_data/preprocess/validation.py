@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rl_data.energon.sample_format import is_media_part
 from rl_data.tokenization.validation import CHAT_ROLES, validate_messages
 
 #: Reason code -> what it means. Summaries and ``dataset_info.json`` count rows per code.
@@ -18,13 +19,18 @@ REASONS: dict[str, str] = {
     "invalid_json": "the row is not valid JSON or not a JSON object",
     "missing_field": "a field the schema needs is missing or has the wrong shape",
     "invalid_role": "a message has a missing or unknown role",
-    "non_text_content": "a message content is not text (number, dict, image part, bytes, ...)",
+    "non_text_content": "a message content is not text or media parts (number, dict, bytes, image_url part, ...)",
     "empty_content": "a message content is empty or whitespace only",
     "no_assistant_turn": "the conversation has no assistant turn to train on",
     "identical_preference": "a preference pair has identical chosen and rejected completions",
     "invalid_message": "the message list breaks another chat rule (tool calls, ...)",
     "too_long": "the tokenized conversation is longer than max_tokens",
     "adapter_error": "the schema adapter raised an unexpected exception",
+    "missing_media": "a media file a content part points to does not exist or cannot be read",
+    "unreferenced_media": "an item of the row's media column is not taken by any content part",
+    "bad_media": "media bytes cannot be decoded (truncated, corrupt, unknown format, bad base64)",
+    "media_type_mismatch": "a media file's format does not suit its part type (e.g. a .wav as an image)",
+    "invalid_media_part": "a media content part is malformed (two sources, wrong value type, ...)",
 }
 
 
@@ -50,21 +56,25 @@ def parse_row(raw: str) -> dict[str, Any]:
     return row
 
 
-def validate_sample(sample: Mapping[str, Any]) -> None:
-    """Raise :class:`RowRejected` for the first problem of an adapted sample (SFT or preference)."""
+def validate_sample(sample: Mapping[str, Any], *, media: bool = False) -> None:
+    """Raise :class:`RowRejected` for the first problem of an adapted sample (SFT or preference).
+
+    With ``media``, image/video/audio content parts are allowed (their sources are checked by
+    :func:`rl_data.preprocess.media.resolve_media`); otherwise they are ``non_text_content``.
+    """
     if sample.get("kind") == "preference":
         context = sample.get("context")
         for field in ("context", "chosen", "rejected"):
             if not isinstance(sample.get(field), list) or (field != "context" and not sample[field]):
                 raise RowRejected("missing_field", f"preference {field!r} must be a non-empty list of messages")
         for field in ("chosen", "rejected"):
-            _validate_conversation(context + sample[field], where=f"{field}: ")
+            _validate_conversation(context + sample[field], where=f"{field}: ", media=media)
             if not any(_role(m) == "assistant" for m in sample[field]):
                 raise RowRejected("no_assistant_turn", f"{field} has no assistant message")
         if sample["chosen"] == sample["rejected"]:
             raise RowRejected("identical_preference", "chosen and rejected are identical")
         return
-    _validate_conversation(sample.get("messages"), where="")
+    _validate_conversation(sample.get("messages"), where="", media=media)
 
 
 def conversations_of(sample: Mapping[str, Any]) -> list[list[dict]]:
@@ -74,7 +84,7 @@ def conversations_of(sample: Mapping[str, Any]) -> list[list[dict]]:
     return [sample["messages"]]
 
 
-def _validate_conversation(messages: Any, *, where: str) -> None:
+def _validate_conversation(messages: Any, *, where: str, media: bool) -> None:
     if not isinstance(messages, list) or not messages:
         raise RowRejected("missing_field", f"{where}messages must be a non-empty list, found {_brief(messages)}")
     for index, message in enumerate(messages):
@@ -87,12 +97,12 @@ def _validate_conversation(messages: Any, *, where: str) -> None:
         label = f"{where}message {index} ({message['role']})"
         if content is None and message.get("tool_calls"):
             continue
-        if not _is_text(content):
+        if not _is_text(content, media):
             raise RowRejected("non_text_content", f"{label}: content must be text, found {_brief(content)}")
-        if not _text_of(content).strip():
+        if not _text_of(content).strip() and not (media and any(is_media_part(p) for p in content)):
             raise RowRejected("empty_content", f"{label}: content is empty")
     try:
-        validate_messages(messages)
+        validate_messages([text_view(message) for message in messages] if media else messages)
     except ValueError as error:
         raise RowRejected("invalid_message", f"{where}{error}") from None
     if not any(message["role"] == "assistant" for message in messages):
@@ -100,17 +110,26 @@ def _validate_conversation(messages: Any, *, where: str) -> None:
         raise RowRejected("no_assistant_turn", f"{where}conversation has no assistant turn (roles {roles})")
 
 
-def _is_text(content: Any) -> bool:
+def text_view(message: Any) -> Any:
+    """The message with every media part replaced by an empty text part (text rules, token counts)."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if not isinstance(content, list) or not any(is_media_part(p) for p in content):
+        return message
+    return {**message, "content": [{"type": "text", "text": ""} if is_media_part(p) else p for p in content]}
+
+
+def _is_text(content: Any, media: bool) -> bool:
     if isinstance(content, str):
         return True
     return isinstance(content, list) and all(
-        isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str))
+        or (media and is_media_part(part))
         for part in content
     )
 
 
 def _text_of(content: str | Sequence[Mapping[str, str]]) -> str:
-    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+    return content if isinstance(content, str) else "".join(p["text"] for p in content if p.get("type") == "text")
 
 
 def _role(message: Any) -> Any:

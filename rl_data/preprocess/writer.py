@@ -7,7 +7,9 @@ in bytes or rows is reached. Everything expensive (reading, parsing, adapting, v
 tokenizing, JSON encoding) has already run in parallel Ray tasks on every core and node; what
 remains here is appending ready bytes to a tar file at disk speed while Ray keeps prefetching.
 Memory stays bounded: one shard buffer plus Ray's prefetch window; token lengths are kept as a
-histogram (size = longest sample), not a list. Output therefore needs to be writable by the
+histogram (size = longest sample), not a list. A sample's media members are written next to its
+JSON (``<key>.json``, ``<key>.image-0.jpg``, ...) and their bytes count toward
+``target_shard_bytes``, so shards of large media stay near the target size. Output therefore needs to be writable by the
 driver only, but must be on storage every training node can read.
 
 :func:`staged_output` gives the atomicity: everything is written into a hidden sibling folder
@@ -32,6 +34,8 @@ import pyarrow as pa
 from rl_data.energon import dataset_writer
 from rl_data.energon.sample_format import SAMPLE_MEMBER
 
+#: Bytes counted per tar member on top of its data (header and padding, roughly).
+MEMBER_OVERHEAD = 1024
 QUARANTINE_FILE = "quarantine.jsonl"
 SHARD_FOLDER = "shards"
 
@@ -79,9 +83,11 @@ class ShardRecord:
 
 @dataclass
 class WriteStats:
-    """What the writer saw: counts, shards, token-length histogram."""
+    """What the writer saw: counts, shards, media members and bytes, token-length histogram."""
 
     read: int = 0
+    media_members: int = 0
+    media_bytes: int = 0
     accepted_by_kind: dict[str, int] = field(default_factory=dict)
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
     shards: list[ShardRecord] = field(default_factory=list)
@@ -104,7 +110,7 @@ class DatasetWriter:
         self.target_shard_bytes = target_shard_bytes
         self.target_shard_rows = target_shard_rows
         self.stats = WriteStats()
-        self._buffer: list[tuple[str, bytes]] = []
+        self._buffer: list[tuple[str, dict[str, bytes]]] = []
         self._buffer_bytes = 0
         self._last: tuple[str, int] | None = None
         self._quarantine = open(root / QUARANTINE_FILE, "w", encoding="utf-8")
@@ -120,7 +126,8 @@ class DatasetWriter:
                 kind = columns["kind"][i]
                 self.stats.accepted_by_kind[kind] = self.stats.accepted_by_kind.get(kind, 0) + 1
                 lengths.append(columns["num_tokens"][i])
-                self._add_sample(columns["key"][i], columns["payload"][i])
+                media = {m["name"]: m["data"] for m in columns["media"][i]}
+                self._add_sample(columns["key"][i], {SAMPLE_MEMBER: columns["payload"][i], **media})
             else:
                 reason = columns["reason"][i]
                 self.stats.quarantined_by_reason[reason] = self.stats.quarantined_by_reason.get(reason, 0) + 1
@@ -145,17 +152,18 @@ class DatasetWriter:
             )
         self._last = (file, row)
 
-    def _add_sample(self, key: str, payload: bytes) -> None:
-        self._buffer.append((key, payload))
-        self._buffer_bytes += len(payload) + 1024  # + tar header and padding, roughly
+    def _add_sample(self, key: str, members: dict[str, bytes]) -> None:
+        self._buffer.append((key, members))
+        self._buffer_bytes += sum(len(data) + MEMBER_OVERHEAD for data in members.values())
+        self.stats.media_members += len(members) - 1
+        self.stats.media_bytes += sum(len(data) for name, data in members.items() if name != SAMPLE_MEMBER)
         full_rows = self.target_shard_rows is not None and len(self._buffer) >= self.target_shard_rows
         if full_rows or self._buffer_bytes >= self.target_shard_bytes:
             self._flush()
 
     def _flush(self) -> None:
         rel = f"{SHARD_FOLDER}/shard-{len(self.stats.shards):06d}.tar"
-        samples = [(key, {SAMPLE_MEMBER: payload}) for key, payload in self._buffer]
-        count = dataset_writer.write_tar_shard(self.root / rel, samples)
+        count = dataset_writer.write_tar_shard(self.root / rel, self._buffer)
         size = (self.root / rel).stat().st_size
         self.stats.shards.append(ShardRecord(rel, count, size, self._buffer[0][0], self._buffer[-1][0]))
         self._buffer, self._buffer_bytes = [], 0
@@ -216,6 +224,7 @@ def finish_dataset(
                    for name, paths in split_shards.items()},
         "shards": [vars(s) for s in stats.shards],
         "token_lengths": token_statistics(stats.token_histogram),
+        "media": {"members": stats.media_members, "bytes": stats.media_bytes},
         "quarantine_file": QUARANTINE_FILE,
         "index_uuid": (root / ".nv-meta" / "index.uuid").read_text().strip(),
     }
