@@ -1,0 +1,130 @@
+"""Configuration of the distributed data runtime (pydantic, strict, clear errors).
+
+``RuntimeConfig`` says how many logical data shards (rank actors) run, where they are placed
+and how they are fed; ``LoaderSpec`` says what every rank actor builds with
+``build_energon_sft_loader`` (everything except the per-rank topology, which the runtime
+fills in).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_NAME = "rl_data_coordinator"
+DEFAULT_NAMESPACE = "rl_data"
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParallelLayout(_Strict):
+    """The trainer's parallel layout: data, tensor, pipeline and context parallel sizes."""
+
+    dp: int = Field(ge=1)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+
+
+class RuntimeConfig(_Strict):
+    """How the rank actors and the coordinator run.
+
+    ``logical_world_size`` is the number of logical data shards G (one rank actor each). Today
+    it must equal ``parallel_layout.dp``; the coordinator owns the shard -> DP-rank mapping so
+    that G and DP can be decoupled later without changing rank actors or loader identities.
+    """
+
+    parallel_layout: ParallelLayout
+    logical_world_size: Optional[int] = Field(default=None, ge=1)
+    prefetch_depth: int = Field(default=2, ge=0, description="batches each rank prepares ahead")
+    bundle_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
+    rank_actor_num_cpus: float = Field(default=1.0, ge=0)
+    strategy: PlacementStrategy = "PACK"
+    namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1)
+    name: str = Field(default=DEFAULT_NAME, min_length=1)
+    step_timeout_s: float = Field(default=600.0, gt=0, description="per rank, per batch")
+    control_timeout_s: float = Field(default=300.0, gt=0, description="build/restore/state calls")
+    max_rank_restarts: int = Field(default=3, ge=0, description="per rank, over the whole run")
+    injected_delay_s: dict[int, float] = Field(
+        default_factory=dict,
+        description="fault injection only: seconds rank r sleeps before producing each batch",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "RuntimeConfig":
+        world = self.world_size
+        if world != self.parallel_layout.dp:
+            raise ValueError(
+                f"logical_world_size={world} but parallel_layout.dp={self.parallel_layout.dp}; "
+                "one logical data shard per DP rank is supported today: leave "
+                "logical_world_size unset or set it to dp"
+            )
+        if not self.bundle_resources or any(v <= 0 for v in self.bundle_resources.values()):
+            raise ValueError(
+                f"bundle_resources={self.bundle_resources} must name at least one resource and "
+                'every amount must be > 0, e.g. {"CPU": 1.0}'
+            )
+        bundle_cpus = self.bundle_resources.get("CPU", 0.0)
+        if self.rank_actor_num_cpus > bundle_cpus:
+            raise ValueError(
+                f"rank_actor_num_cpus={self.rank_actor_num_cpus} does not fit in a bundle with "
+                f"CPU={bundle_cpus}; raise bundle_resources['CPU'] or lower rank_actor_num_cpus"
+            )
+        bad = sorted(r for r in self.injected_delay_s if not 0 <= r < world)
+        if bad:
+            raise ValueError(f"injected_delay_s names ranks {bad} outside [0, {world})")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Number of logical data shards (rank actors)."""
+        return self.logical_world_size or self.parallel_layout.dp
+
+
+class LoaderSpec(_Strict):
+    """Arguments of ``build_energon_sft_loader`` shared by every rank.
+
+    ``processor_factory`` is an import path ``"package.module:function"`` of a zero-argument
+    function returning the tokenizer or processor; each rank actor calls it on its own node
+    (nothing but this string and the dataset path crosses machines).
+    """
+
+    data_config: dict[str, Any]
+    source: dict[str, Any]
+    processor_factory: str = "rl_data.tokenization.tokenizer:load_qwen3_tokenizer"
+    batch_size: int = Field(ge=1)
+    max_sequence_length: int = Field(ge=1)
+    split_role: Literal["train", "validation"] = "train"
+    packing_algorithm: Optional[str] = None
+    max_sequences_per_bin: Optional[int] = None
+    sequence_length_pad_multiple: int = Field(default=1, ge=1)
+    only_unmask_final: bool = False
+
+    @model_validator(mode="after")
+    def _check_factory_path(self) -> "LoaderSpec":
+        module, sep, attr = self.processor_factory.partition(":")
+        if not (module and sep and attr):
+            raise ValueError(
+                f"processor_factory={self.processor_factory!r} is not an import path; expected "
+                "'package.module:function', e.g. 'rl_data.tokenization:load_qwen3_tokenizer'"
+            )
+        return self
+
+    def load_processor_factory(self) -> Callable[[], Any]:
+        """Import and return the processor factory named by ``processor_factory``."""
+        module, _, attr = self.processor_factory.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(
+                f"cannot import processor_factory {self.processor_factory!r}: {error}"
+            ) from error
+
+    def builder_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``build_energon_sft_loader`` except processor and topology."""
+        return self.model_dump(exclude={"processor_factory"})

@@ -1,0 +1,129 @@
+"""Where the rank actors run, and the placement fingerprint that pins a checkpoint to a layout.
+
+The fingerprint hashes the *logical* layout only: world size, the resources of each rank's
+bundle in rank order, the strategy and the trainer's parallel layout. Placement-group and node
+ids change on every restart and are never part of it, so a job restarted on new nodes with the
+same layout restores, and a different layout is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl_data.distributed.config import RuntimeConfig
+
+PLACEMENT_LAYOUT_VERSION = 1
+
+
+def placement_layout(
+    *,
+    world_size: int,
+    bundles: Sequence[Mapping[str, float]],
+    strategy: str,
+    parallel_layout: Mapping[str, int],
+) -> dict[str, Any]:
+    """The plain-JSON description of a logical placement (what the fingerprint hashes)."""
+    if len(bundles) != world_size:
+        raise ValueError(
+            f"placement has {len(bundles)} rank bundles for logical world size {world_size}; "
+            "give exactly one bundle per logical rank"
+        )
+    return {
+        "version": PLACEMENT_LAYOUT_VERSION,
+        "logical_world_size": int(world_size),
+        "bundles": [{k: float(v) for k, v in sorted(b.items())} for b in bundles],
+        "strategy": str(strategy),
+        "parallel_layout": {k: int(v) for k, v in sorted(parallel_layout.items())},
+    }
+
+
+def placement_fingerprint(layout: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of ``layout`` (see :func:`placement_layout`)."""
+    canonical = json.dumps(layout, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def config_layout(config: RuntimeConfig, bundles: Sequence[Mapping[str, float]] | None = None,
+                  strategy: str | None = None) -> dict[str, Any]:
+    """The layout of ``config`` (its own bundles and strategy unless others are given)."""
+    return placement_layout(
+        world_size=config.world_size,
+        bundles=bundles if bundles is not None else [config.bundle_resources] * config.world_size,
+        strategy=strategy if strategy is not None else config.strategy,
+        parallel_layout=config.parallel_layout.model_dump(),
+    )
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """A placement group plus the bundle index of every logical rank."""
+
+    placement_group: Any  # ray.util.placement_group.PlacementGroup
+    bundle_of_rank: tuple[int, ...]
+    layout: dict[str, Any]
+    owns_placement_group: bool
+
+    @property
+    def fingerprint(self) -> str:
+        return placement_fingerprint(self.layout)
+
+    def scheduling_strategy(self, rank: int) -> Any:
+        """Ray scheduling strategy that puts ``rank``'s actor into its bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_group,
+            placement_group_bundle_index=self.bundle_of_rank[rank],
+        )
+
+    def release(self) -> None:
+        """Remove the placement group if this runtime created it (never a user's group)."""
+        if self.owns_placement_group:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+
+
+def create_rank_placement(config: RuntimeConfig) -> RankPlacement:
+    """Create a placement group with one ``config.bundle_resources`` bundle per logical rank."""
+    from ray.util.placement_group import placement_group
+
+    bundles = [dict(config.bundle_resources) for _ in range(config.world_size)]
+    group = placement_group(bundles, strategy=config.strategy)
+    return RankPlacement(group, tuple(range(config.world_size)), config_layout(config), True)
+
+
+def adopt_placement_group(group: Any, bundle_of_rank: Sequence[int], config: RuntimeConfig) -> RankPlacement:
+    """Use a placement group the training framework created; rank r runs in ``bundle_of_rank[r]``.
+
+    The fingerprint uses the resources of each rank's bundle (in rank order) and the group's
+    strategy; ``config.bundle_resources`` and ``config.strategy`` are ignored.
+    """
+    from ray.util.placement_group import placement_group_table
+
+    specs = group.bundle_specs
+    if len(bundle_of_rank) != config.world_size:
+        raise ValueError(
+            f"bundle_of_rank has {len(bundle_of_rank)} entries for logical world size "
+            f"{config.world_size}; give one bundle index per logical rank"
+        )
+    bad = [b for b in bundle_of_rank if not 0 <= b < len(specs)]
+    if bad:
+        raise ValueError(
+            f"bundle indices {bad} are outside the placement group's {len(specs)} bundles"
+        )
+    bundles = [specs[b] for b in bundle_of_rank]
+    short = [r for r, b in enumerate(bundles) if b.get("CPU", 0.0) < config.rank_actor_num_cpus]
+    if short:
+        raise ValueError(
+            f"bundles of ranks {short} have fewer CPUs than rank_actor_num_cpus="
+            f"{config.rank_actor_num_cpus}; lower rank_actor_num_cpus (0 is allowed) or map "
+            "those ranks to bundles with spare CPU"
+        )
+    strategy = placement_group_table(group)["strategy"]
+    layout = config_layout(config, bundles=bundles, strategy=strategy)
+    return RankPlacement(group, tuple(int(b) for b in bundle_of_rank), layout, False)

@@ -1,0 +1,188 @@
+"""``RankActor``: one logical data-parallel rank's loader, prefetching in the background.
+
+The actor is async: loader work runs on one executor thread, so ``status``, ``state_dict`` and
+``shutdown`` answer while a batch is being produced. Every produced batch is kept together with
+the loader state that follows it, and ``next_batch`` returns both as two separate objects: the
+*caller* owns them (Ray's ownership rule for return values), so a batch already handed out
+survives this actor's death, and the caller can commit exactly the state after the batches a
+trainer consumed. Prefetched batches not yet handed out die with the actor; a replacement
+restored from the last committed state produces them again, identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+import ray
+
+from rl_data.distributed.config import LoaderSpec
+
+
+class DataExhaustedError(RuntimeError):
+    """A validation split has no further batch for this rank."""
+
+
+class _Produced:
+    __slots__ = ("batch", "state")
+
+    def __init__(self, batch: Any, state: dict[str, Any]) -> None:
+        self.batch, self.state = batch, state
+
+
+class RankActor:
+    """Produces the batches of logical rank ``rank`` of ``world_size`` (run as a Ray actor)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        placement_fingerprint: str,
+        loader_spec: LoaderSpec,
+        prefetch_depth: int,
+        injected_delay_s: float = 0.0,
+    ) -> None:
+        from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+        self.rank, self.world_size = rank, world_size
+        self._split_role = loader_spec.split_role
+        self._depth = prefetch_depth
+        self._delay = injected_delay_s
+        self._loader = build_energon_sft_loader(
+            **loader_spec.builder_kwargs(),
+            processor=loader_spec.load_processor_factory()(),
+            logical_rank=rank,
+            logical_world_size=world_size,
+            placement_fingerprint=placement_fingerprint,
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rank{rank}-loader")
+        self._iterator: Optional[Any] = None
+        self._ready: collections.deque[_Produced] = collections.deque()
+        self._requested = 0  # next_batch calls so far
+        self._produced = 0  # batches produced so far
+        self._error: Optional[BaseException] = None
+        self._handed_state: Optional[dict[str, Any]] = None
+        self._activity, self._since = "idle, not started", time.monotonic()
+        self._changed: Optional[asyncio.Condition] = None
+        self._producer: Optional[asyncio.Task] = None
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the loader from a format-2 state; only before the first batch."""
+        if self._producer is not None:
+            raise RuntimeError(
+                f"rank {self.rank} already started producing batches; restore a state into a "
+                "fresh rank actor, before its first next_batch/start call"
+            )
+        self._loader.load_state_dict(state)
+        self._handed_state = state
+
+    async def state_dict(self) -> dict[str, Any]:
+        """The loader state after the last batch handed out (before the first: the initial one).
+
+        Answers while a batch is being produced: it never touches the loader once started.
+        """
+        if self._handed_state is None:
+            self._handed_state = self._loader.state_dict()
+        return self._handed_state
+
+    async def start(self) -> None:
+        """Start producing (and prefetching up to ``prefetch_depth``) in the background."""
+        if self._producer is None:
+            if self._handed_state is None:
+                self._handed_state = self._loader.state_dict()
+            self._changed = asyncio.Condition()
+            self._producer = asyncio.get_running_loop().create_task(self._produce_forever())
+
+    @ray.method(num_returns=2)
+    async def next_batch(self) -> tuple[Any, dict[str, Any]]:
+        """The next batch and the loader state right after it (two objects, caller-owned).
+
+        Batches are handed out in the order the calls start; a caller that needs a strict
+        order (the coordinator) waits for one call before making the next.
+        """
+        await self.start()
+        async with self._changed:
+            self._requested += 1
+            self._changed.notify_all()
+            await self._changed.wait_for(lambda: self._ready or self._error is not None)
+            if not self._ready:
+                raise self._error
+            produced = self._ready.popleft()
+            self._handed_state = produced.state
+            self._changed.notify_all()
+        return produced.batch, produced.state
+
+    async def status(self) -> dict[str, Any]:
+        """What this rank is doing right now (answers while a batch is being produced)."""
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "activity": self._activity,
+            "activity_seconds": round(time.monotonic() - self._since, 3),
+            "produced": self._produced,
+            "handed_out": self._produced - len(self._ready),
+            "ready": len(self._ready),
+            "prefetch_depth": self._depth,
+        }
+
+    async def shutdown(self) -> None:
+        """Stop the background producer; the executor thread is abandoned, not joined."""
+        if self._producer is not None:
+            self._producer.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._set_activity("shut down")
+
+    async def _produce_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            async with self._changed:
+                self._set_activity(f"waiting for a request ({len(self._ready)} batches ready)")
+                await self._changed.wait_for(lambda: self._produced < self._requested + self._depth)
+            self._set_activity(f"producing batch {self._produced}")
+            try:
+                produced = await loop.run_in_executor(self._executor, self._produce_one)
+            except Exception as error:  # surfaces on the next next_batch call
+                async with self._changed:
+                    self._error = error
+                    self._set_activity(f"failed producing batch {self._produced}: {error!r}")
+                    self._changed.notify_all()
+                return
+            async with self._changed:
+                self._ready.append(produced)
+                self._produced += 1
+                self._changed.notify_all()
+
+    def _produce_one(self) -> _Produced:
+        if self._delay:
+            time.sleep(self._delay)
+        batch = self._next_from_loader()
+        return _Produced(batch, self._loader.state_dict())
+
+    def _next_from_loader(self) -> Any:
+        fresh = self._iterator is None
+        if fresh:
+            self._iterator = iter(self._loader)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            pass
+        if self._split_role == "train" and not fresh:
+            # A training loader's `for` loop ends after virtual_epoch_length batches; the next
+            # iteration continues the same (infinite) stream.
+            self._iterator = iter(self._loader)
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                pass
+        raise DataExhaustedError(
+            f"rank {self.rank} of {self.world_size}: the {self._split_role} loader has no batch "
+            f"after {self._produced} batches"
+        )
+
+    def _set_activity(self, activity: str) -> None:
+        self._activity, self._since = activity, time.monotonic()

@@ -1,0 +1,108 @@
+"""Helpers for the distributed runtime tests: specs, a reference stream, running coordinators.
+
+The reference stream is read from the same loaders in the test process (no Ray), so every
+runtime test compares the sample ids it consumed with what an uninterrupted loader yields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
+from rl_data.distributed.placement import config_layout, placement_fingerprint
+
+#: Every ray.get in these tests waits at most this long.
+TIMEOUT_S = 60.0
+
+
+def train_spec(dataset: Any, **overrides: Any) -> LoaderSpec:
+    """Train split, shuffled, 2 conversations per batch, virtual epochs of 5 batches."""
+    args: dict[str, Any] = dict(
+        data_config={"energon": {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10}, "shuffle": True},
+        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 5},
+        batch_size=2,
+        max_sequence_length=256,
+    )
+    args.update(overrides)
+    return LoaderSpec(**args)
+
+
+def runtime_config(world_size: int, prefetch_depth: int, **overrides: Any) -> RuntimeConfig:
+    """Small bundles (0.25 CPU per rank) in a test-only namespace."""
+    args: dict[str, Any] = dict(
+        parallel_layout=ParallelLayout(dp=world_size),
+        prefetch_depth=prefetch_depth,
+        bundle_resources={"CPU": 0.25},
+        rank_actor_num_cpus=0.25,
+        namespace="rl_data_tests",
+        name="test_coordinator",
+        step_timeout_s=TIMEOUT_S,
+        control_timeout_s=TIMEOUT_S,
+    )
+    args.update(overrides)
+    return RuntimeConfig(**args)
+
+
+def reference_stream(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[list[str]]]:
+    """``[step][rank] -> source ids`` of an uninterrupted run, read directly from the loaders."""
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    fingerprint = placement_fingerprint(config_layout(config))
+    per_rank = []
+    for rank in range(config.world_size):
+        loader = build_energon_sft_loader(
+            **spec.builder_kwargs(),
+            processor=tokenizer,
+            logical_rank=rank,
+            logical_world_size=config.world_size,
+            placement_fingerprint=fingerprint,
+        )
+        ids, iterator = [], iter(loader)
+        while len(ids) < steps:
+            try:
+                ids.append(list(next(iterator)["source_ids"]))
+            except StopIteration:  # end of a virtual epoch: the stream continues
+                iterator = iter(loader)
+        per_rank.append(ids)
+    return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]
+
+
+@contextlib.contextmanager
+def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwargs: Any) -> Iterator[Any]:
+    """A started coordinator that is shut down and killed (with its rank actors) afterwards."""
+    from rl_data.distributed.coordinator import start_data_coordinator
+
+    handle = start_data_coordinator(config, spec, **kwargs)
+    try:
+        yield handle
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
+        ray.kill(handle, no_restart=True)
+        _wait_until_name_is_free(ray, config.name, config.namespace)
+
+
+def _wait_until_name_is_free(ray: Any, name: str, namespace: str) -> None:
+    """ray.kill is asynchronous; the next test may reuse the coordinator's name."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor name {name!r} is still taken {TIMEOUT_S} s after the kill")
+
+
+def consume(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> list[list[list[str]]]:
+    """Take ``steps`` steps (committing each); return ``[step][rank] -> source ids``."""
+    consumed = []
+    for _ in range(steps):
+        step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+        consumed.append([list(batch["source_ids"]) for batch in ray.get(refs, timeout=TIMEOUT_S)])
+        if commit:
+            ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+    return consumed

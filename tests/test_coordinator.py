@@ -1,0 +1,236 @@
+"""DataCoordinator: exactly-once checkpoints, refusals, a second driver, feeding training actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed_fixtures import TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from energon_fixtures import write_chat_dataset
+from rl_data.distributed.checkpoint_files import CheckpointFileError, checkpoint_path
+from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
+from rl_data.distributed.config import ParallelLayout
+
+
+@pytest.mark.parametrize("prefetch_depth,world_size", [(0, 2), (1, 3), (4, 4)])
+def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size):
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(world_size, prefetch_depth)
+    committed, resumed = 3, 4
+    expected = reference_stream(spec, config, tokenizer, committed + resumed)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert consume(ray, coordinator, committed) == expected[:committed]
+        # Two more steps are handed out (and prefetching runs ahead) but never committed.
+        assert consume(ray, coordinator, 2, commit=False) == expected[committed : committed + 2]
+        path = ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
+    assert path == str(checkpoint_path(tmp_path / "ckpt"))
+    saved = torch.load(path, weights_only=True)["content"]
+    assert saved["step"] == committed and len(saved["ranks"]) == world_size
+    assert [s["identity"]["topology"]["logical_rank"] for s in saved["ranks"]] == list(range(world_size))
+
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S) == committed
+        step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+        assert step == committed + 1
+        assert [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)] == expected[committed]
+        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+        assert consume(ray, coordinator, resumed - 1) == expected[committed + 1 :]
+
+
+def test_commit_rules_and_checkpoint_content(ray_session, energon_dataset, tmp_path):
+    ray = ray_session
+    config = runtime_config(2, 2)
+    with running_coordinator(ray, config, train_spec(energon_dataset)) as coordinator:
+        initial = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+        assert initial["step"] == 0 and initial["format"] == "rl_data.distributed.coordinator"
+        with pytest.raises(ValueError, match=r"cannot commit step 1: the last step handed out is 0; commit only steps returned by next_step"):
+            ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
+        assert [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)[0] for _ in range(3)] == [1, 2, 3]
+        ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)
+        ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)  # repeating the last commit is a no-op
+        with pytest.raises(ValueError, match=r"cannot commit step 1: step 2 is already committed"):
+            ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
+        state = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        assert (status["handed_step"], status["committed_step"], status["restarts"]) == (3, 2, [0, 0])
+        assert state["step"] == 2 and state["placement"]["fingerprint"] == status["placement_fingerprint"]
+        assert state["placement"]["layout"]["logical_world_size"] == 2
+        for rank, rank_state in enumerate(state["ranks"]):
+            assert rank_state["backend"] == "energon" and rank_state["format_version"] == 2
+            assert rank_state["loader_state"].dtype == torch.uint8
+            assert rank_state["identity"]["topology"]["placement"] == status["placement_fingerprint"]
+            assert rank_state["identity"]["topology"]["logical_rank"] == rank
+        with pytest.raises(RuntimeError, match=r"load_state_dict after step 3 was handed out; restore a checkpoint into a fresh coordinator"):
+            ray.get(coordinator.load_state_dict.remote(initial), timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(ray_session, energon_dataset, tmp_path_factory):
+    """A checkpoint after 2 committed steps of 2 ranks (default layout, ``energon_dataset``)."""
+    ray = ray_session
+    directory = tmp_path_factory.mktemp("saved_checkpoint")
+    with running_coordinator(ray, runtime_config(2, 1), train_spec(energon_dataset)) as coordinator:
+        consume(ray, coordinator, 2)
+        ray.get(coordinator.save_checkpoint.remote(str(directory)), timeout=TIMEOUT_S)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def other_dataset(tmp_path_factory, chat_conversations):
+    return write_chat_dataset(tmp_path_factory.mktemp("other_chat"), chat_conversations[240:480], samples_per_shard=12)
+
+
+def test_checkpoint_of_another_world_size_and_parallel_layout_is_refused(ray_session, energon_dataset, tokenizer, saved_checkpoint):
+    ray = ray_session
+    spec = train_spec(energon_dataset)
+    config = runtime_config(1, 1, parallel_layout=ParallelLayout(dp=1, tp=2))
+    with running_coordinator(ray, config, spec) as coordinator:
+        expected = (
+            "Placement layout changed: bundles [{'CPU': 0.25}, {'CPU': 0.25}] -> [{'CPU': 0.25}]; "
+            "logical_world_size 2 -> 1; parallel_layout.dp 2 -> 1; parallel_layout.tp 1 -> 2; "
+            "restore with the layout (world size, bundles, strategy, parallel sizes) the "
+            "checkpoint was saved with"
+        )
+        with pytest.raises(ValueError) as caught:
+            ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S)
+        assert expected in str(caught.value)
+        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)  # nothing restored
+
+
+def test_checkpoint_of_another_dataset_or_damaged_or_missing_is_refused(ray_session, energon_dataset, other_dataset, tokenizer, saved_checkpoint, tmp_path):
+    ray = ray_session
+    spec, config = train_spec(other_dataset), runtime_config(2, 1)
+    with running_coordinator(ray, config, spec) as coordinator:
+        with pytest.raises(ValueError) as caught:
+            ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S)
+        old_uuid = (energon_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
+        new_uuid = (other_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
+        assert (
+            f"rank 0: Energon loader identity changed: dataset.index_uuid '{old_uuid}' -> '{new_uuid}'; "
+            f"source.path '{energon_dataset.path}' -> '{other_dataset.path}'"
+        ) in str(caught.value)
+
+        truncated = tmp_path / "truncated"
+        data = checkpoint_path(saved_checkpoint).read_bytes()
+        checkpoint_path(truncated).parent.mkdir()
+        checkpoint_path(truncated).write_bytes(data[: len(data) // 2])
+        with pytest.raises(CheckpointFileError, match=rf"checkpoint file {checkpoint_path(truncated)} \({len(data) // 2} bytes\) cannot be read, it is truncated or corrupt"):
+            ray.get(coordinator.load_checkpoint.remote(str(truncated)), timeout=TIMEOUT_S)
+        with pytest.raises(FileNotFoundError, match=rf"no rl_data checkpoint file at {tmp_path}/missing/rl_data_state\.pt"):
+            ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "missing")), timeout=TIMEOUT_S)
+        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)  # still fresh
+
+
+_SECOND_DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    from rl_data.distributed.client import get_coordinator
+
+    address, name, namespace = sys.argv[1:4]
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    coordinator = get_coordinator(name, namespace)
+    steps = []
+    for _ in range(2):
+        step, refs = ray.get(coordinator.next_step.remote(), timeout=60)
+        steps.append([step, [list(b["source_ids"]) for b in ray.get(refs, timeout=60)]])
+        ray.get(coordinator.commit.remote(step), timeout=60)
+    print("RESULT " + json.dumps(steps))
+    """
+)
+
+
+def test_second_driver_finds_the_coordinator_by_name_and_consumes_steps(ray_session, energon_dataset, tokenizer):
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1, name="shared_feed")
+    expected = reference_stream(spec, config, tokenizer, 3)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert consume(ray, coordinator, 1) == expected[:1]
+        env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
+        result = subprocess.run(
+            [sys.executable, "-c", _SECOND_DRIVER, ray.get_runtime_context().gcs_address, "shared_feed", "rl_data_tests"],
+            capture_output=True, text=True, timeout=120, env=env,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
+        assert json.loads(line[len("RESULT "):]) == [[2, expected[1]], [3, expected[2]]]
+        assert ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["step"] == 3
+        assert get_coordinator("shared_feed", "rl_data_tests")._actor_id == coordinator._actor_id
+    with pytest.raises(CoordinatorNotFoundError, match=r"no data coordinator named 'shared_feed' in Ray namespace 'rl_data_tests'; start one with"):
+        get_coordinator("shared_feed", "rl_data_tests")
+
+
+def test_training_actors_receive_their_batch_by_ref_and_the_coordinator_stays_small(ray_session, energon_dataset, tokenizer):
+    import psutil
+    from ray.experimental import get_object_locations
+
+    ray = ray_session
+    spec = train_spec(
+        energon_dataset,
+        data_config={"energon": {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}, "shuffle": True},
+        packing_algorithm="first_fit_decreasing",
+        max_sequence_length=16384,
+        sequence_length_pad_multiple=4096,  # every conversation fills 4096 tokens: ~400 KB batches
+    )
+    config = runtime_config(2, 1, parallel_layout=ParallelLayout(dp=2, tp=2))
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    class Trainer:
+        def train_step(self, refs):
+            from rl_data.distributed.transfer import fetch_batch
+
+            batch = fetch_batch(refs[0], timeout=60)
+            return {"gpus": ray.get_gpu_ids(), "ids": batch["source_ids"], "device": str(batch["input_ids"].device)}
+
+    trainers = [Trainer.remote() for _ in range(4)]  # trainer (dp, tp) = trainers[2 * dp + tp]
+    expected = reference_stream(spec, config, tokenizer, 2)
+    try:
+        with running_coordinator(ray, config, spec) as coordinator:
+            pid = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["pid"]
+            for step_index in range(2):
+                step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+                results = ray.get([t.train_step.remote([refs[i // 2]]) for i, t in enumerate(trainers)], timeout=TIMEOUT_S)
+                assert [r["ids"] for r in results] == [expected[step_index][i // 2] for i in range(4)]
+                assert {r["device"] for r in results} == {"cpu"}
+                assert sorted(r["gpus"][0] for r in results) == [0, 1, 2, 3]
+                ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+
+            rss_before = psutil.Process(pid).memory_info().rss
+            held = [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)[1] for _ in range(30)]  # uncommitted
+            rss_growth = psutil.Process(pid).memory_info().rss - rss_before
+            locations = get_object_locations([ref for refs in held for ref in refs], timeout_ms=10_000)
+            sizes = [loc["object_size"] for loc in locations.values()]
+            assert len(sizes) == 60 and min(sizes) > 300_000  # in the object store, not inlined
+            assert all(loc["node_ids"] for loc in locations.values())
+            assert rss_growth < 0.2 * sum(sizes), (rss_growth, sum(sizes))
+    finally:
+        for trainer in trainers:
+            ray.kill(trainer)
+
+
+def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session, energon_dataset):
+    from rl_data.distributed.coordinator import RankTimeoutError, start_data_coordinator
+
+    config = runtime_config(2, 1, bundle_resources={"CPU": 100.0}, control_timeout_s=2.0, name="unplaceable")
+    with pytest.raises(
+        RankTimeoutError,
+        match=r"the coordinator did not finish reserving the placement group \(bundles \[\{'CPU': 100\.0\}, \{'CPU': 100\.0\}\], PACK\) within 2 s; check that the cluster has these resources free",
+    ):
+        start_data_coordinator(config, train_spec(energon_dataset))
+    deadline = time.monotonic() + 20  # the failed coordinator is killed (asynchronously)
+    while time.monotonic() < deadline:
+        try:
+            get_coordinator("unplaceable", "rl_data_tests")
+        except CoordinatorNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the coordinator that failed to start is still registered")

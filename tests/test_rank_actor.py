@@ -1,0 +1,137 @@
+"""RankActor: background prefetch, the state kept with every batch, responsiveness, refusals."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from distributed_fixtures import TIMEOUT_S, runtime_config, train_spec
+from rl_data.distributed.config import LoaderSpec
+from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
+from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+FINGERPRINT = "f" * 64
+
+
+@pytest.fixture
+def spawn(ray_session):
+    """Create rank actors (rank r of 2) that are killed after the test."""
+    actors = []
+
+    def make(spec: LoaderSpec, *, rank: int = 0, world_size: int = 2, prefetch_depth: int = 0, injected_delay_s: float = 0.0):
+        actor = ray_session.remote(RankActor).options(num_cpus=0.25).remote(
+            rank=rank,
+            world_size=world_size,
+            placement_fingerprint=FINGERPRINT,
+            loader_spec=spec,
+            prefetch_depth=prefetch_depth,
+            injected_delay_s=injected_delay_s,
+        )
+        actors.append(actor)
+        return actor
+
+    yield make
+    for actor in actors:
+        ray_session.kill(actor, no_restart=True)
+
+
+def _direct_loader(spec: LoaderSpec, tokenizer, rank: int = 0, world_size: int = 2):
+    return build_energon_sft_loader(
+        **spec.builder_kwargs(), processor=tokenizer, logical_rank=rank,
+        logical_world_size=world_size, placement_fingerprint=FINGERPRINT,
+    )
+
+
+def _wait_for(predicate, what: str, timeout: float = TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_session, spawn, energon_dataset, tokenizer):
+    ray = ray_session
+    spec = train_spec(energon_dataset)
+    actor = spawn(spec, rank=1, prefetch_depth=3)
+    initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
+    ray.get(actor.start.remote(), timeout=TIMEOUT_S)
+    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "3 prefetched batches")
+    assert status["produced"] == 3 and status["handed_out"] == 0
+    time.sleep(0.3)  # it stops at the prefetch depth
+    assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 3
+
+    batches, states = [], []
+    for _ in range(7):  # crosses the virtual epoch of 5 batches
+        batch_ref, state_ref = actor.next_batch.remote()
+        batches.append(list(ray.get(batch_ref, timeout=TIMEOUT_S)["source_ids"]))
+        states.append(ray.get(state_ref, timeout=TIMEOUT_S))
+    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "refill")
+    assert status["produced"] == 10 and status["handed_out"] == 7
+
+    direct = _direct_loader(spec, tokenizer, rank=1)
+    assert initial["identity"] == direct.identity and initial["format_version"] == 2
+    expected, iterator = [], iter(direct)
+    while len(expected) < 7:
+        try:
+            expected.append(list(next(iterator)["source_ids"]))
+        except StopIteration:
+            iterator = iter(direct)
+    assert batches == expected
+    assert ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)["loader_state"].equal(states[-1]["loader_state"])
+    # The state kept with batch i makes a fresh loader continue with batch i + 1.
+    for i in (0, 4, 5):
+        restored = _direct_loader(spec, tokenizer, rank=1)
+        restored.load_state_dict(states[i])
+        assert list(next(iter(restored))["source_ids"]) == batches[i + 1]
+
+
+def test_depth_zero_produces_only_on_request_and_restores_only_before_start(ray_session, spawn, energon_dataset):
+    ray = ray_session
+    actor = spawn(train_spec(energon_dataset), prefetch_depth=0)
+    state = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
+    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)  # before start: fine
+    ray.get(actor.start.remote(), timeout=TIMEOUT_S)
+    time.sleep(0.3)
+    assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 0
+    ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S)
+    time.sleep(0.3)
+    status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
+    assert (status["produced"], status["ready"], status["handed_out"]) == (1, 0, 1)
+    with pytest.raises(RuntimeError, match=r"rank 0 already started producing batches; restore a state into a fresh rank actor"):
+        ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)
+
+
+def test_answers_status_state_and_shutdown_while_producing(ray_session, spawn, energon_dataset):
+    ray = ray_session
+    actor = spawn(train_spec(energon_dataset), prefetch_depth=1, injected_delay_s=30.0)
+    initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
+    batch_ref, _ = actor.next_batch.remote()
+    started = time.monotonic()
+    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=5))["activity"] == "producing batch 0" and s, "producing")
+    assert status["produced"] == 0
+    assert ray.get(actor.state_dict.remote(), timeout=5)["loader_state"].equal(initial["loader_state"])
+    ray.get(actor.shutdown.remote(), timeout=5)
+    assert time.monotonic() - started < 10
+    assert ray.get(actor.status.remote(), timeout=5)["activity"] == "shut down"
+    ready, _ = ray.wait([batch_ref], timeout=0.1)
+    assert ready == []
+
+
+def test_exhausted_validation_split_raises_on_the_next_request(ray_session, spawn, energon_dataset):
+    ray = ray_session
+    spec = train_spec(
+        energon_dataset,
+        split_role="validation",
+        data_config={"energon": {}},
+        source={"path": energon_dataset.path, "split": "val"},
+        batch_size=5,
+    )
+    actor = spawn(spec, world_size=1, prefetch_depth=2)
+    sizes = [len(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) for _ in range(5)]
+    assert sizes == [5, 5, 5, 5, 4]  # 24 validation samples
+    with pytest.raises(DataExhaustedError, match=r"rank 0 of 1: the validation loader has no batch after 5 batches"):
+        ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)
