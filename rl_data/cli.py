@@ -29,6 +29,24 @@ def build_tokenizer(
     typer.echo(f"Qwen3 tokenizer written to {path}")
 
 
+@app.command("bench")
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Small workload: checks the suite runs; timings not meaningful."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default benchmarks/results)."),
+) -> None:
+    """Run the side-by-side benchmarks (same as `python -m benchmarks`, from the repository root)."""
+    import sys
+
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        from benchmarks.__main__ import DEFAULT_OUT, run
+    except ImportError as error:
+        raise typer.BadParameter(
+            f"cannot import the benchmarks package ({error}); run `rl-data bench` from the repository root"
+        ) from None
+    raise typer.Exit(run(quick=quick, out=out or DEFAULT_OUT))
+
+
 def _register_preprocess() -> None:
     from rl_data.preprocess.command import preprocess
 

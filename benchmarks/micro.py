@@ -1,0 +1,146 @@
+"""Micro-benchmarks: chat formatting vs raw encode, packing algorithms, a 32 MB object-store hop.
+
+* **Chat formatting** (``get_formatted_message_log``, render once and split turns) against the
+  tokenizer's raw batch encode of the *same* text (the concatenated turns of the formatted
+  log, in batches of 32): the ceiling for formatting. The prefix-render reference
+  (``get_formatted_message_log_reference``, quadratic in turns) runs on a subset, where the
+  ids of both are also compared.
+* **Packing**: every algorithm over the workload's token lengths, one call per buffer of
+  ``packing_buffer_size``: sequences/s and utilisation / bin efficiency (``packing_metrics``).
+* **Transfer**: a 32 MB batch returned by one actor's method and fetched by another actor,
+  against ``clone()`` of the same tensor in one process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.settings import BenchSettings
+from benchmarks.workload import conversations
+from rl_data.packing import PackingAlgorithm, get_packer, packing_metrics
+from rl_data.tokenization import get_formatted_message_log, get_formatted_message_log_reference
+
+RAW_BATCH = 32
+TRANSFER_BYTES = 32 * 2**20
+
+
+def chat_formatting(settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
+    """Tokens/s of formatting, raw batch encode and the reference; ratios; whether ids agree."""
+    convs = [c["messages"] for c in itertools.islice(conversations(settings.num_conversations, settings.seed), settings.micro_conversations)]
+    begin = time.perf_counter()
+    logs = [get_formatted_message_log(messages, tokenizer) for messages in convs]
+    formatting_s = time.perf_counter() - begin
+    texts = ["".join(m["content"] for m in log) for log in logs]
+    tokens = sum(int(m["token_ids"].numel()) for log in logs for m in log)
+    begin = time.perf_counter()
+    raw_tokens = 0
+    for start in range(0, len(texts), RAW_BATCH):
+        raw_tokens += sum(len(ids) for ids in tokenizer(texts[start : start + RAW_BATCH], add_special_tokens=False)["input_ids"])
+    raw_s = time.perf_counter() - begin
+    subset = max(1, len(convs) // 10)
+    begin = time.perf_counter()
+    reference = [get_formatted_message_log_reference(messages, tokenizer) for messages in convs[:subset]]
+    reference_s = time.perf_counter() - begin
+    subset_texts = texts[:subset]
+    begin = time.perf_counter()
+    for start in range(0, subset, RAW_BATCH):
+        tokenizer(subset_texts[start : start + RAW_BATCH], add_special_tokens=False)
+    subset_raw_s = time.perf_counter() - begin
+    subset_tokens = sum(int(m["token_ids"].numel()) for log in logs[:subset] for m in log)
+    identical = all(
+        len(a) == len(b) and all(torch.equal(x["token_ids"], y["token_ids"]) for x, y in zip(a, b))
+        for a, b in zip(logs[:subset], reference)
+    )
+    return {
+        "conversations": len(convs),
+        "mean_turns": sum(len(c) for c in convs) / len(convs),
+        "tokens": tokens,
+        "raw_tokens_same_text": raw_tokens,
+        "formatting_tokens_per_s": tokens / formatting_s,
+        "raw_batch_encode_tokens_per_s": raw_tokens / raw_s,
+        "formatting_vs_raw": (tokens / formatting_s) / (raw_tokens / raw_s),
+        "reference_subset_conversations": subset,
+        "reference_tokens_per_s": subset_tokens / reference_s,
+        "reference_vs_raw": (subset_tokens / reference_s) / (subset_tokens / subset_raw_s),
+        "reference_ids_identical": identical,
+        "lengths": [sum(int(m["token_ids"].numel()) for m in log) for log in logs],
+    }
+
+
+def packing(settings: BenchSettings, lengths: list[int]) -> list[dict[str, Any]]:
+    """Every packing algorithm over ``lengths`` (those that fit), in buffers of ``packing_buffer_size``."""
+    capacity = settings.max_sequence_length
+    fitting = [n for n in lengths if n < capacity]
+    buffers = [fitting[i : i + settings.packing_buffer_size] for i in range(0, len(fitting), settings.packing_buffer_size)]
+    rows = []
+    for algorithm in PackingAlgorithm:
+        packer = get_packer(algorithm, capacity, sequence_length_pad_multiple=settings.sequence_length_pad_multiple, seed=settings.seed)
+        begin = time.perf_counter()
+        all_bins = [packer.pack(buffer) for buffer in buffers]
+        elapsed = time.perf_counter() - begin
+        metrics = [
+            packing_metrics(buffer, bins, capacity, settings.sequence_length_pad_multiple)
+            for buffer, bins in zip(buffers, all_bins)
+        ]
+        bins = sum(m.num_bins for m in metrics)
+        rows.append(
+            {
+                "algorithm": algorithm.value,
+                "sequences_per_s": len(fitting) / elapsed,
+                "ms_per_buffer": 1e3 * elapsed / max(len(buffers), 1),
+                "utilization": sum(m.total_tokens for m in metrics) / max(sum(m.total_capacity for m in metrics), 1),
+                "bin_efficiency": sum(m.theoretical_min_bins for m in metrics) / max(bins, 1),
+                "bins": bins,
+            }
+        )
+    return rows
+
+
+class _Producer:
+    def __init__(self, kind: str) -> None:
+        from rl_data.batched_data_dict import BatchedDataDict
+
+        tensor = torch.arange(TRANSFER_BYTES // 8, dtype=torch.int64)
+        self.batch = {"input_ids": tensor} if kind == "dict_of_torch" else BatchedDataDict(input_ids=tensor)
+
+    def make(self) -> Any:
+        return self.batch
+
+
+class _Fetcher:
+    def pull(self, producer: Any, repeats: int, timeout: float) -> list[float]:
+        import ray
+
+        times = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            batch = ray.get(producer.make.remote(), timeout=timeout)
+            batch["input_ids"][-1].item()
+            times.append(time.perf_counter() - begin)
+        return times
+
+
+def transfer(settings: BenchSettings) -> dict[str, Any]:
+    """ms per 32 MB hop between two actors (median of ``transfer_repeats``) vs in-process clone."""
+    import ray
+
+    tensor = torch.arange(TRANSFER_BYTES // 8, dtype=torch.int64)
+    clones = []
+    for _ in range(settings.transfer_repeats):
+        begin = time.perf_counter()
+        tensor.clone()
+        clones.append(time.perf_counter() - begin)
+    result = {"bytes": TRANSFER_BYTES, "in_process_clone_ms": 1e3 * sorted(clones)[len(clones) // 2]}
+    fetcher = ray.remote(num_cpus=0)(_Fetcher).remote()
+    for kind in ("batched_data_dict", "dict_of_torch"):
+        producer = ray.remote(num_cpus=0)(_Producer).remote(kind)
+        ray.get(fetcher.pull.remote(producer, 1, settings.ray_timeout_s), timeout=settings.ray_timeout_s)  # warm-up
+        times = ray.get(fetcher.pull.remote(producer, settings.transfer_repeats, settings.ray_timeout_s), timeout=settings.ray_timeout_s)
+        result[f"object_store_{kind}_ms"] = 1e3 * sorted(times)[len(times) // 2]
+        ray.kill(producer)
+    ray.kill(fetcher)
+    return result

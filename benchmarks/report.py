@@ -1,0 +1,129 @@
+"""Write one run's results as JSON, a Markdown report and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("samples/s", "samples_per_s", "{:.0f}"),
+    ("non-pad tok/s", "non_pad_tokens_per_s", "{:,.0f}"),
+    ("steady tok/s", "steady_non_pad_tokens_per_s", "{:,.0f}"),
+    ("first batch s", "time_to_first_batch_s", "{:.2f}"),
+    ("wait p50 ms", "wait_p50_ms", "{:.2f}"),
+    ("wait p99 ms", "wait_p99_ms", "{:.2f}"),
+    ("peak mem MB", "peak_memory_mb", "{:.0f}"),
+    ("save s", "checkpoint_save_s", "{:.3f}"),
+    ("rebuild s", "rebuild_s", "{:.2f}"),
+    ("restore s", "checkpoint_restore_s", "{:.3f}"),
+    ("replayed", "batches_replayed_on_restore", "{}"),
+    ("exact", "restore_exact", "{}"),
+    ("non-pad share", "non_pad_share", "{:.3f}"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The Markdown report: contenders table, targets, micro-benchmarks, run conditions."""
+    machine = results["machine"]
+    lines = [
+        "# rl_data benchmark results",
+        "",
+        f"Run {machine['started']}, {machine['cpus']} CPUs, Python {machine['python']}, "
+        f"{machine['duration_s']:.0f} s; load average before {machine['load_avg_before'][0]:.2f}, "
+        f"after {machine['load_avg_after'][0]:.2f} (1 min).",
+        f"Workload: {json.dumps(results['workload'])}.",
+        f"Settings: {json.dumps(results['settings'])}.",
+        "",
+        "## Contenders",
+        "",
+        "| contender | " + " | ".join(c[0] for c in COLUMNS) + " | CPU layout |",
+        "|---" * (len(COLUMNS) + 2) + "|",
+    ]
+    for name, figures in results["contenders"].items():
+        if "error" in figures:
+            lines.append(f"| {name} | failed: {figures['error'][:150]} |" + " |" * len(COLUMNS))
+            continue
+        cells = [_cell(figures.get(key), fmt) for _, key, fmt in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {figures.get('cpu_layout', '')} |")
+    lines += ["", "## Targets", "", "| target | value | required | met |", "|---|---|---|---|"]
+    for target in results["targets"]:
+        value = "n/a" if target["value"] is None else f"{target['value']:.3f}"
+        lines.append(f"| {target['target']} | {value} | {target['required']} | {'yes' if target['met'] else 'NO'} |")
+    micro = results["micro"]
+    chat = micro.get("chat_formatting", {})
+    lines += ["", "## Micro-benchmarks", "", "### Chat formatting vs raw encode of the same text", ""]
+    if "error" in chat:
+        lines.append(f"failed: {chat['error']}")
+    else:
+        lines += [
+            "| path | tokens/s | vs raw |",
+            "|---|---|---|",
+            f"| raw batch encode (batches of 32) | {chat['raw_batch_encode_tokens_per_s']:,.0f} | 1.00 |",
+            f"| get_formatted_message_log (render once, split) | {chat['formatting_tokens_per_s']:,.0f} | {chat['formatting_vs_raw']:.2f} |",
+            f"| reference (render per prefix), {chat['reference_subset_conversations']} convs | {chat['reference_tokens_per_s']:,.0f} | {chat['reference_vs_raw']:.2f} |",
+            "",
+            f"{chat['conversations']} conversations, {chat['mean_turns']:.1f} turns on average; "
+            f"reference ids identical: {chat['reference_ids_identical']}.",
+        ]
+    lines += ["", "### Packing algorithms", ""]
+    packing = micro.get("packing", [])
+    if isinstance(packing, dict):
+        lines.append(f"failed: {packing.get('error')}")
+    else:
+        lines += ["| algorithm | sequences/s | ms per buffer | utilisation | bin efficiency | bins |", "|---|---|---|---|---|---|"]
+        for row in packing:
+            lines.append(
+                f"| {row['algorithm']} | {row['sequences_per_s']:,.0f} | {row['ms_per_buffer']:.3f} | "
+                f"{row['utilization']:.3f} | {row['bin_efficiency']:.3f} | {row['bins']} |"
+            )
+    transfer = micro.get("transfer", {})
+    lines += ["", "### 32 MB batch: object store vs in-process copy", ""]
+    if "error" in transfer:
+        lines.append(f"failed: {transfer['error']}")
+    elif transfer:
+        lines += ["| path | ms |", "|---|---|"]
+        lines += [f"| {key.removesuffix('_ms')} | {value:.1f} |" for key, value in transfer.items() if key.endswith("_ms")]
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    """Bar chart: non-pad tokens/s per contender, unpacked and packed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({name.split("/")[0] for name in results["contenders"]})
+    figure, axis = plt.subplots(figsize=(10, 4.5))
+    width = 0.4
+    for offset, mode in ((-width / 2, "unpacked"), (width / 2, "packed")):
+        values = [results["contenders"].get(f"{n}/{mode}", {}).get("non_pad_tokens_per_s") or 0 for n in names]
+        axis.bar([i + offset for i in range(len(names))], values, width, label=mode)
+    axis.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    axis.set_ylabel("non-pad tokens / s")
+    axis.set_title(f"Throughput on {results['machine']['cpus']} CPUs (higher is better)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_reports(results: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """``results.json``, ``results.md`` and ``throughput.png`` in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "results.md", "chart": out / "throughput.png"}
+    paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    paths["markdown"].write_text(markdown(results))
+    chart(results, paths["chart"])
+    return paths

@@ -1,0 +1,124 @@
+"""Contender b: rl_data rank actors + coordinator, consumed by a separate actor through object refs.
+
+``start_data_coordinator`` with N logical ranks (one rank actor each, prefetching, fractional
+CPUs so N ranks share ``parallelism`` CPUs); a consumer actor (the trainer) asks the
+coordinator for each step (one batch ref per rank), fetches the batches from the object store,
+turns them into training tensors and commits the step. Checkpoint: the coordinator's
+``save_checkpoint`` after the throughput phase; restore: a fresh coordinator (same config),
+``load_checkpoint``, first step, compared with the step that followed the save (exact means no
+batch replayed). ``rebuild_s`` is the fresh coordinator's start (actors, loaders), timed apart.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.encoding import merge_step, training_batch
+from benchmarks.energon_bare import loader_kwargs
+from benchmarks.measure import PeakMemory, consume
+from benchmarks.settings import BenchSettings
+from benchmarks.workload import Workload
+
+NAMESPACE = "rl_data_bench"
+
+
+class CoordinatorConsumer:
+    """The trainer side (run as a Ray actor): next_step -> fetch refs -> tensors -> commit."""
+
+    def __init__(self, settings_json: str) -> None:
+        from rl_data.energon.task_encoders.adapter import ProcessorAdapter
+        from rl_data.tokenization import load_qwen3_tokenizer
+
+        self.settings = BenchSettings.model_validate_json(settings_json)
+        self.adapter = ProcessorAdapter(load_qwen3_tokenizer(), self.settings.max_sequence_length)
+
+    def _next_step(self, coordinator: Any) -> dict[str, Any]:
+        import ray
+
+        timeout = self.settings.ray_timeout_s
+        step, refs = ray.get(coordinator.next_step.remote(), timeout=timeout)
+        batches = ray.get(refs, timeout=timeout)
+        merged = merge_step(
+            [training_batch(b, self.adapter, self.settings.sequence_length_pad_multiple) for b in batches]
+        )
+        ray.get(coordinator.commit.remote(step), timeout=timeout)
+        return merged
+
+    def measure(self, coordinator: Any, start_wall: float, checkpoint_dir: str) -> dict[str, Any]:
+        import ray
+
+        start = time.perf_counter() - (time.time() - start_wall)
+        return consume(
+            lambda: self._next_step(coordinator),
+            start=start,
+            samples_target=self.settings.samples_per_run,
+            wait_steps=self.settings.wait_steps,
+            step_factor=self.settings.train_step_factor,
+            save=lambda: ray.get(
+                coordinator.save_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s
+            ),
+        )
+
+    def restore_then_first(self, coordinator: Any, checkpoint_dir: str) -> tuple[list[str], float]:
+        import ray
+
+        begin = time.perf_counter()
+        ray.get(coordinator.load_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s)
+        ids = self._next_step(coordinator)["ids"]
+        return ids, time.perf_counter() - begin
+
+
+def _start(workload: Workload, settings: BenchSettings, *, packing: bool, ranks: int, name: str) -> Any:
+    from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig, start_data_coordinator
+
+    kwargs = loader_kwargs(workload, settings, packing=packing)
+    for topology_key in ("logical_rank", "logical_world_size", "placement_fingerprint"):
+        kwargs.pop(topology_key)
+    cpus = min(1.0, settings.parallelism / ranks)
+    config = RuntimeConfig(
+        parallel_layout=ParallelLayout(dp=ranks),
+        bundle_resources={"CPU": cpus},
+        rank_actor_num_cpus=cpus,
+        namespace=NAMESPACE,
+        name=name,
+        step_timeout_s=settings.ray_timeout_s,
+        control_timeout_s=settings.ray_timeout_s,
+    )
+    return start_data_coordinator(config, LoaderSpec(**kwargs))
+
+
+def _stop(coordinator: Any, timeout: float) -> None:
+    import ray
+
+    ray.get(coordinator.shutdown.remote(), timeout=timeout)
+    ray.kill(coordinator, no_restart=True)
+
+
+def run(workload: Workload, settings: BenchSettings, *, packing: bool, ranks: int) -> dict[str, Any]:
+    """Measure contender b with ``ranks`` logical ranks; Ray must be initialised by the caller."""
+    import ray
+
+    timeout = settings.ray_timeout_s
+    name = f"bench-{ranks}-{int(packing)}-{time.time_ns()}"
+    consumer = ray.remote(num_cpus=0)(CoordinatorConsumer).remote(settings.model_dump_json())
+    with tempfile.TemporaryDirectory(prefix="rl_data_bench_ckpt-") as checkpoint_dir:
+        with PeakMemory() as memory:
+            start_wall = time.time()
+            coordinator = _start(workload, settings, packing=packing, ranks=ranks, name=name)
+            result = ray.get(consumer.measure.remote(coordinator, start_wall, checkpoint_dir), timeout=timeout * 4)
+        _stop(coordinator, timeout)
+        begin = time.perf_counter()
+        coordinator = _start(workload, settings, packing=packing, ranks=ranks, name=name + "-restored")
+        result["rebuild_s"] = time.perf_counter() - begin
+        first, result["checkpoint_restore_s"] = ray.get(
+            consumer.restore_then_first.remote(coordinator, checkpoint_dir), timeout=timeout
+        )
+        _stop(coordinator, timeout)
+    result["restore_exact"] = first == result.pop("expected_ids_after_restore")
+    result["batches_replayed_on_restore"] = 0 if result["restore_exact"] else None
+    result["peak_memory_mb"] = memory.peak_mb
+    result["cpu_layout"] = f"{ranks} rank actor(s) x {min(1.0, settings.parallelism / ranks):g} CPU + coordinator + consumer"
+    ray.kill(consumer)
+    return result

@@ -1,0 +1,117 @@
+"""Contender d: torchdata ``StatefulDataLoader`` over a map-style dataset doing the same encoding.
+
+The way Ray-based RL frameworks commonly load SFT data: the JSONL rows in memory, a map-style
+``Dataset`` whose ``__getitem__`` decodes and chat-formats one row, a shuffled
+``StatefulDataLoader`` with ``parallelism`` worker processes and a ``collate_fn`` that pads (or
+packs one buffer of ``packing_buffer_size`` samples with the project's packer, so a packed
+batch holds that buffer's packs). Checkpoint: ``state_dict()`` (sampler position and worker
+states), restore: a fresh loader, ``load_state_dict``, first batch; the sampler skips ahead
+without loading data, so no batch is replayed. Building the fresh loader is timed apart
+(``rebuild_s``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from benchmarks.encoding import collate_packed, collate_unpacked, encode_line
+from benchmarks.measure import PeakMemory, consume
+from benchmarks.settings import BenchSettings
+from benchmarks.workload import Workload
+from rl_data.energon.task_encoders.adapter import ProcessorAdapter
+from rl_data.packing import get_packer
+
+
+class JsonlChatDataset(Dataset):
+    """Rows of JSONL files held in memory; ``__getitem__`` encodes one conversation."""
+
+    def __init__(self, paths: tuple[str, ...], adapter: ProcessorAdapter) -> None:
+        self.lines = [line for path in paths for line in Path(path).read_bytes().splitlines() if line]
+        self.adapter = adapter
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return encode_line(self.lines[index], self.adapter)
+
+
+def _collate(samples, *, adapter: ProcessorAdapter, packer, pad_multiple: int) -> dict[str, Any]:
+    if packer is None:
+        return collate_unpacked(samples, adapter, pad_multiple)
+    return collate_packed(samples, adapter, packer, pad_multiple)
+
+
+def build_loader(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer: Any) -> StatefulDataLoader:
+    """The shuffled loader (seeded, so a restored one continues the same order)."""
+    adapter = ProcessorAdapter(tokenizer, settings.max_sequence_length)
+    packer = (
+        get_packer(
+            settings.packing_algorithm,
+            settings.max_sequence_length,
+            sequence_length_pad_multiple=settings.sequence_length_pad_multiple,
+        )
+        if packing
+        else None
+    )
+    generator = torch.Generator()
+    generator.manual_seed(settings.seed)
+    return StatefulDataLoader(
+        JsonlChatDataset(workload.jsonl_paths, adapter),
+        batch_size=settings.packing_buffer_size if packing else settings.batch_size,
+        shuffle=True,
+        generator=generator,
+        num_workers=settings.parallelism,
+        collate_fn=functools.partial(
+            _collate, adapter=adapter, packer=packer, pad_multiple=settings.sequence_length_pad_multiple
+        ),
+        drop_last=True,
+        persistent_workers=False,
+    )
+
+
+def run(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer: Any) -> dict[str, Any]:
+    """Measure contender d (see :func:`benchmarks.measure.consume`)."""
+    saved: dict[str, bytes] = {}
+
+    def save() -> None:
+        buffer = io.BytesIO()
+        torch.save(loader.state_dict(), buffer)
+        saved["state"] = buffer.getvalue()
+
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        loader = build_loader(workload, settings, packing=packing, tokenizer=tokenizer)
+        batches = iter(loader)
+        result = consume(
+            lambda: next(batches),
+            start=start,
+            samples_target=settings.samples_per_run,
+            wait_steps=settings.wait_steps,
+            step_factor=settings.train_step_factor,
+            save=save,
+        )
+    del batches
+    begin = time.perf_counter()
+    restored = build_loader(workload, settings, packing=packing, tokenizer=tokenizer)
+    result["rebuild_s"] = time.perf_counter() - begin
+    begin = time.perf_counter()
+    restored.load_state_dict(torch.load(io.BytesIO(saved["state"]), weights_only=False))
+    restored_batches = iter(restored)
+    first = next(restored_batches)
+    result["checkpoint_restore_s"] = time.perf_counter() - begin
+    del restored_batches
+    result["restore_exact"] = first["ids"] == result.pop("expected_ids_after_restore")
+    result["batches_replayed_on_restore"] = 0 if result["restore_exact"] else None
+    result["checkpoint_bytes"] = len(saved["state"])
+    result["peak_memory_mb"] = memory.peak_mb
+    result["cpu_layout"] = f"1 process + {settings.parallelism} DataLoader workers"
+    return result

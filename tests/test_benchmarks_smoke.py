@@ -1,0 +1,78 @@
+"""Smoke test of the benchmark suite: ``python -m benchmarks --quick`` runs and writes well-formed reports.
+
+Timings are not asserted (they depend on the machine); the structure, the contenders and the
+correctness facts the suite checks itself (exact restores, identical reference ids) are.
+Runs in a subprocess: the suite starts its own private Ray instance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(170)
+def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=160,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+
+    contenders = results["contenders"]
+    assert sorted(contenders) == [
+        "a_energon_bare/packed",
+        "b_rl_data_1rank/packed",
+        "c_ray_data/packed",
+        "d_torchdata/packed",
+    ]
+    for name, figures in contenders.items():
+        assert "error" not in figures, (name, figures.get("traceback"))
+        for key in ("samples_per_s", "non_pad_tokens_per_s", "time_to_first_batch_s", "wait_p50_ms", "wait_p99_ms", "checkpoint_restore_s"):
+            assert math.isfinite(figures[key]) and figures[key] >= 0, (name, key, figures[key])
+        assert figures["samples"] >= results["settings"]["samples_per_run"], name
+        assert 0 < figures["non_pad_share"] <= 1, name
+        assert figures["restore_exact"] is True, name
+    assert contenders["c_ray_data/packed"]["batches_replayed_on_restore"] >= 1
+    assert contenders["b_rl_data_1rank/packed"]["batches_replayed_on_restore"] == 0
+    assert contenders["c_ray_data/packed"]["checkpoint_save_s"] is None
+
+    micro = results["micro"]
+    assert micro["chat_formatting"]["reference_ids_identical"] is True
+    assert micro["chat_formatting"]["tokens"] == micro["chat_formatting"]["raw_tokens_same_text"]
+    assert [row["algorithm"] for row in micro["packing"]] == [
+        "concatenative",
+        "first_fit_decreasing",
+        "first_fit_shuffle",
+        "modified_first_fit_decreasing",
+        "greedy_knapsack",
+        "balanced_greedy_knapsack",
+    ]
+    assert all(0 < row["utilization"] <= 1 for row in micro["packing"])
+    assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
+    assert {t["target"] for t in results["targets"]} >= {"chat formatting / raw encode of the same text", "b(1 rank) / a, packed"}
+
+    markdown = (tmp_path / "results.md").read_text()
+    assert markdown.startswith("# rl_data benchmark results\n")
+    for heading in ("## Contenders", "## Targets", "### Chat formatting vs raw encode of the same text", "### Packing algorithms", "### 32 MB batch"):
+        assert heading in markdown
+    header = next(line for line in markdown.splitlines() if line.startswith("| contender |"))
+    rows = [line for line in markdown.splitlines() if line.startswith("| a_energon_bare/packed |")]
+    assert len(rows) == 1 and rows[0].count("|") == header.count("|")
+    assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_SIGNATURE
