@@ -58,10 +58,19 @@ def corrupt_energon_dataset(tmp_path_factory, chat_conversations):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A private local Ray instance shared by the whole test session."""
+    """A private local Ray instance shared by the whole test session.
+
+    Its metrics agent exports Prometheus metrics on a free port (``metrics_port``) and
+    reports every second instead of every 10 s.
+    """
+    import socket
+
     import ray
 
     if not ray.is_initialized():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free_port = probe.getsockname()[1]
         ray.init(
             address="local",
             num_cpus=4,
@@ -69,6 +78,14 @@ def ray_session():
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,
+            _metrics_export_port=free_port,
+            _system_config={"metrics_report_interval_ms": 1000},
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def metrics_port(ray_session):
+    """The port of this node's Prometheus metrics endpoint (``http://127.0.0.1:<port>/metrics``)."""
+    return ray_session._private.worker.global_worker.node.metrics_export_port

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any, Optional, Sequence
 
 import ray
@@ -30,6 +31,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
+from rl_data.distributed.metrics import CoordinatorMetrics
 from rl_data.distributed.placement import RankPlacement, adopt_placement_group, create_rank_placement
 from rl_data.distributed.rank_actor import RankActor
 
@@ -56,6 +58,7 @@ class DataCoordinator:
         bundle_of_rank: Optional[Sequence[int]] = None,
     ) -> None:
         self._config, self._spec = config, loader_spec
+        self._metrics = CoordinatorMetrics(config.name)
         if placement_group is None:
             self._placement: RankPlacement = create_rank_placement(config)
         else:
@@ -91,6 +94,7 @@ class DataCoordinator:
 
     async def next_step(self) -> tuple[int, list[Any]]:
         """Step k and one batch ref per logical rank (refs are handed out, data is never fetched)."""
+        started = time.monotonic()
         await self._ensure_ready()
         async with self._lock:
             step = self._handed_step + 1
@@ -103,6 +107,7 @@ class DataCoordinator:
             self._next_calls.clear()
             self._pending[step] = ([ref for ref, _ in results], [state for _, state in results])
             self._handed_step = step
+            self._metrics.record_step(time.monotonic() - started)
             return step, [ref for ref, _ in results]
 
     async def commit(self, step: int) -> None:
@@ -121,6 +126,7 @@ class DataCoordinator:
             for done in range(self._committed_step + 1, step + 1):
                 del self._pending[done]
             self._committed_step = step
+            self._metrics.record_committed(step)
 
     async def state_dict(self) -> dict[str, Any]:
         """The checkpoint for the last committed step (loads with ``torch.load(weights_only=True)``)."""
@@ -180,6 +186,8 @@ class DataCoordinator:
             )
             self._committed_states = list(state["ranks"])
             self._committed_step = self._handed_step = int(state["step"])
+            self._metrics.record_restore("checkpoint")
+            self._metrics.record_committed(self._committed_step)
 
     async def save_checkpoint(self, directory: str) -> str:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node)."""
@@ -232,6 +240,7 @@ class DataCoordinator:
                 loader_spec=self._spec,
                 prefetch_depth=self._config.prefetch_depth,
                 injected_delay_s=self._config.injected_delay_s.get(rank, 0.0),
+                coordinator_name=self._config.name,
             )
         )
 
@@ -272,6 +281,7 @@ class DataCoordinator:
         self._ranks[rank] = actor
         timeout = self._config.control_timeout_s
         await self._await(actor.load_state_dict.remote(self._committed_states[rank]), timeout, rank, "restoring the last committed state")
+        self._metrics.record_restore("rank_recovery")
         for step in range(self._committed_step + 1, self._handed_step + 1):
             batch_ref, state_ref = actor.next_batch.remote()
             state = await self._await(state_ref, self._config.step_timeout_s, rank, f"re-producing the batch for step {step}")

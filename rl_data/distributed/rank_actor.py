@@ -21,6 +21,7 @@ from typing import Any, Optional
 import ray
 
 from rl_data.distributed.config import LoaderSpec
+from rl_data.distributed.metrics import BatchStats, RankMetrics, batch_stats
 
 
 class DataExhaustedError(RuntimeError):
@@ -28,14 +29,18 @@ class DataExhaustedError(RuntimeError):
 
 
 class _Produced:
-    __slots__ = ("batch", "state")
+    __slots__ = ("batch", "state", "stats", "skipped_samples")
 
-    def __init__(self, batch: Any, state: dict[str, Any]) -> None:
+    def __init__(self, batch: Any, state: dict[str, Any], stats: BatchStats, skipped_samples: int) -> None:
         self.batch, self.state = batch, state
+        self.stats, self.skipped_samples = stats, skipped_samples
 
 
 class RankActor:
-    """Produces the batches of logical rank ``rank`` of ``world_size`` (run as a Ray actor)."""
+    """Produces the batches of logical rank ``rank`` of ``world_size`` (run as a Ray actor).
+
+    Its metrics (``rl_data.distributed.metrics``) are tagged ``coordinator=coordinator_name``.
+    """
 
     def __init__(
         self,
@@ -46,6 +51,7 @@ class RankActor:
         loader_spec: LoaderSpec,
         prefetch_depth: int,
         injected_delay_s: float = 0.0,
+        coordinator_name: str = "",
     ) -> None:
         from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
@@ -53,6 +59,7 @@ class RankActor:
         self._split_role = loader_spec.split_role
         self._depth = prefetch_depth
         self._delay = injected_delay_s
+        self._metrics = RankMetrics(coordinator_name, rank)
         self._loader = build_energon_sft_loader(
             **loader_spec.builder_kwargs(),
             processor=loader_spec.load_processor_factory()(),
@@ -109,12 +116,15 @@ class RankActor:
         async with self._changed:
             self._requested += 1
             self._changed.notify_all()
+            waiting_since = time.monotonic()
             await self._changed.wait_for(lambda: self._ready or self._error is not None)
             if not self._ready:
                 raise self._error
             produced = self._ready.popleft()
             self._handed_state = produced.state
             self._changed.notify_all()
+        waited_s = time.monotonic() - waiting_since
+        self._metrics.record_handed_out(produced.stats, waited_s=waited_s, ready=len(self._ready))
         return produced.batch, produced.state
 
     async def status(self) -> dict[str, Any]:
@@ -128,6 +138,7 @@ class RankActor:
             "handed_out": self._produced - len(self._ready),
             "ready": len(self._ready),
             "prefetch_depth": self._depth,
+            "skipped_samples": self._loader.skipped_samples,
         }
 
     async def shutdown(self) -> None:
@@ -156,12 +167,13 @@ class RankActor:
                 self._ready.append(produced)
                 self._produced += 1
                 self._changed.notify_all()
+            self._metrics.record_produced(skipped_samples=produced.skipped_samples, ready=len(self._ready))
 
     def _produce_one(self) -> _Produced:
         if self._delay:
             time.sleep(self._delay)
         batch = self._next_from_loader()
-        return _Produced(batch, self._loader.state_dict())
+        return _Produced(batch, self._loader.state_dict(), batch_stats(batch), self._loader.skipped_samples)
 
     def _next_from_loader(self) -> Any:
         fresh = self._iterator is None
