@@ -1,181 +1,25 @@
-"""Main job (for now): real tokenizer, real conversations -> message_log, loss masks, SFT batch.
+"""Main job: preprocess real chat data, train on it with a checkpoint, restart, prove it is exact.
 
-    python pipelines/train_sft_demo.py [--num-conversations 3] [--max-seq-length 512]
+    python pipelines/train_sft_demo.py [--ranks 2] [--steps 6] [--resume-steps 4] [--packing first_fit_decreasing]
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- python pipelines/train_sft_demo.py --work-dir /abs/dir
 
-Builds (or reuses) the offline Qwen3 tokenizer, encodes a few real chitchat conversations plus
-one with a system prompt and one with a tool call, and prints each ``message_log`` (role,
-tokens, trained or masked, decoded text with trained tokens highlighted), then the padded SFT
-batch the trainer would receive. One full-length conversation is included to show the
-over-length rule (kept 4 tokens per message, loss multiplier 0). Later issues grow this file
-into the distributed job.
+Inside a Ray job (``$RAY_ADDRESS`` is set) it attaches to the cluster; otherwise it starts a
+local Ray. It prints one encoded conversation, preprocesses the chitchat conversations into an
+Energon dataset (unless ``--data`` names an existing one), runs the named coordinator with
+``--ranks`` rank actors and one training actor per rank (on GPU when the cluster has GPUs),
+checkpoints after ``--steps`` steps, records ``--resume-steps`` more steps, stops everything,
+restores the checkpoint in fresh actors and compares the same steps: it prints PASS or FAIL
+(exit code 1) and a summary. See ``rl_data.jobs`` for the parts.
 """
 
-from __future__ import annotations
-
 import sys
-import time
 from pathlib import Path
-from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rl_data from the job's working dir
 
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rich.text import Text  # noqa: E402
 
-from rl_data.sample_data import chitchat_conversations  # noqa: E402
-from rl_data.tokenization import (  # noqa: E402
-    add_loss_mask_to_message_log,
-    build_qwen3_tokenizer,
-    get_formatted_message_log,
-    sft_batch_tensors,
-    truncate_message_log,
-)
-
-TRAINED_STYLE = "bold green"
-MASKED_STYLE = "grey50"
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-def demo_conversations(num_conversations: int, max_turns: int) -> list[dict[str, Any]]:
-    """Real chitchat conversations (cut to ``max_turns``), a system-prompt one, a tool call, a long one."""
-    real = list(chitchat_conversations(limit=num_conversations))
-    samples = [
-        {"name": f"chitchat {c['id']} (first {max_turns} turns)", "messages": c["messages"][:max_turns]}
-        for c in real
-    ]
-    samples.append({
-        "name": "system prompt, multilingual",
-        "messages": [
-            {"role": "system", "content": "You are a concise, friendly assistant."},
-            {"role": "user", "content": "How do you say 'good morning' in Japanese and Hindi? 🌅"},
-            {"role": "assistant", "content": "Japanese: おはようございます. Hindi: सुप्रभात."},
-        ],
-    })
-    samples.append({
-        "name": "tool call",
-        "tools": [WEATHER_TOOL],
-        "messages": [
-            {"role": "user", "content": "Is it warm in Paris right now?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-            ]},
-            {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 24, "sky": "clear"}'},
-            {"role": "assistant", "content": "Yes: 24 °C and clear skies in Paris."},
-        ],
-    })
-    long_one = real[0]
-    samples.append({"name": f"chitchat {long_one['id']} (all {len(long_one['messages'])} turns)", "messages": long_one["messages"]})
-    return samples
-
-
-def encode_sample(sample: dict[str, Any], tokenizer, max_seq_length: int) -> dict[str, Any]:
-    """Template + tokenize, mask non-assistant tokens, apply the over-length rule."""
-    message_log = get_formatted_message_log(sample["messages"], tokenizer, tools=sample.get("tools"))
-    add_loss_mask_to_message_log([message_log], roles_to_train_on=("assistant",))
-    full_length = sum(len(m["token_ids"]) for m in message_log)
-    message_log, length, loss_multiplier = truncate_message_log(message_log, max_seq_length)
-    return {
-        "name": sample["name"],
-        "message_log": message_log,
-        "full_length": full_length,
-        "length": length,
-        "loss_multiplier": loss_multiplier,
-    }
-
-
-def highlighted_text(message: dict[str, Any], tokenizer, loss_multiplier: float) -> Text:
-    """Decoded tokens, each run of trained tokens highlighted and masked ones dimmed."""
-    text = Text()
-    ids = message["token_ids"].tolist()
-    mask = (message["token_loss_mask"] * (loss_multiplier != 0)).tolist()
-    start = 0
-    for end in range(1, len(ids) + 1):
-        if end == len(ids) or mask[end] != mask[start]:
-            style = TRAINED_STYLE if mask[start] else MASKED_STYLE
-            text.append(tokenizer.decode(ids[start:end]), style=style)
-            start = end
-    return text
-
-
-def message_log_table(encoded: dict[str, Any], tokenizer, max_rows: int) -> Table:
-    status = "TRUNCATED (loss multiplier 0)" if encoded["loss_multiplier"] == 0 else "loss multiplier 1"
-    table = Table(
-        title=f"{encoded['name']}: {encoded['full_length']} tokens -> {encoded['length']}, {status}",
-        title_justify="left",
-        show_lines=True,
-    )
-    for column, justify in (("#", "right"), ("role", "left"), ("tokens", "right"), ("loss", "left"), ("decoded text", "left")):
-        table.add_column(column, justify=justify, overflow="fold")
-    log = encoded["message_log"]
-    for index, message in enumerate(log[:max_rows]):
-        trained = bool(message["token_loss_mask"].any()) and encoded["loss_multiplier"] != 0
-        table.add_row(
-            str(index),
-            message["role"],
-            str(len(message["token_ids"])),
-            Text("trained", style=TRAINED_STYLE) if trained else Text("masked", style=MASKED_STYLE),
-            highlighted_text(message, tokenizer, encoded["loss_multiplier"]),
-        )
-    if len(log) > max_rows:
-        table.add_row("…", "", "", "", f"{len(log) - max_rows} more messages")
-    return table
-
-
-def batch_summary_table(encoded: list[dict[str, Any]], tokenizer, multiple: int) -> Table:
-    batch = sft_batch_tensors(
-        [e["message_log"] for e in encoded],
-        [e["loss_multiplier"] for e in encoded],
-        pad_token_id=tokenizer.pad_token_id,
-        make_sequence_length_divisible_by=multiple,
-    )
-    input_ids, lengths, token_mask = batch["input_ids"], batch["input_lengths"], batch["token_mask"]
-    real_tokens = int(lengths.sum())
-    table = Table(title="Flattened SFT batch", title_justify="left")
-    table.add_column("field")
-    table.add_column("value", overflow="fold")
-    for key, value in batch.items():
-        table.add_row(f"{key}", f"shape {tuple(value.shape)}, {value.dtype}")
-    table.add_row("input_lengths values", str(lengths.tolist()))
-    table.add_row("sample_mask values", str(batch["sample_mask"].tolist()))
-    table.add_row("padding", f"{input_ids.numel() - real_tokens} of {input_ids.numel()} slots "
-                  f"(length rounded up to a multiple of {multiple}, pad id {tokenizer.pad_token_id})")
-    trained = int(token_mask.sum())
-    table.add_row("trained tokens", f"{trained} of {real_tokens} real tokens "
-                  f"({100 * (1 - trained / real_tokens):.1f}% masked)")
-    return table
-
-
-def main(
-    num_conversations: int = typer.Option(3, min=1, help="Real chitchat conversations to show."),
-    max_turns: int = typer.Option(4, min=1, help="Turns kept from each shown chitchat conversation."),
-    max_seq_length: int = typer.Option(512, min=1, help="Samples this long or longer are truncated and masked."),
-    sequence_length_multiple: int = typer.Option(8, min=1, help="Pad the batch length to a multiple of this."),
-    max_rows: int = typer.Option(8, min=1, help="Messages shown per conversation."),
-    tokenizer_dir: Optional[Path] = typer.Option(None, help="Tokenizer folder (default: the user cache)."),
-) -> None:
-    """Encode a few real conversations and print their message logs and the SFT batch."""
-    from transformers import AutoTokenizer
-
-    console = Console()
-    started = time.perf_counter()
-    path = build_qwen3_tokenizer(tokenizer_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    console.print(f"Qwen3 tokenizer from [bold]{path}[/bold] (vocab {len(tokenizer)}, eos {tokenizer.eos_token}, pad {tokenizer.pad_token})")
-    encoded = [encode_sample(s, tokenizer, max_seq_length) for s in demo_conversations(num_conversations, max_turns)]
-    for sample in encoded:
-        console.print(message_log_table(sample, tokenizer, max_rows))
-    console.print(batch_summary_table(encoded, tokenizer, sequence_length_multiple))
-    console.print(f"[{TRAINED_STYLE}]trained[/] / [{MASKED_STYLE}]masked[/] tokens; done in {time.perf_counter() - started:.1f} s")
-
+from rl_data.jobs.command import train_sft_demo  # noqa: E402
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(train_sft_demo)

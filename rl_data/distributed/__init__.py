@@ -6,7 +6,7 @@ from rl_data.distributed.checkpoint_files import (
     load_checkpoint_file,
     save_checkpoint_file,
 )
-from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
+from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, attach, get_coordinator
 from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.distributed.coordinator import (
     DataCoordinator,
@@ -26,6 +26,7 @@ from rl_data.distributed.transfer import batch_to_device, fetch_batch
 
 __all__ = [
     "CheckpointFileError",
+    "CoordinatorClient",
     "CoordinatorNotFoundError",
     "DataCoordinator",
     "DataExhaustedError",
@@ -37,6 +38,7 @@ __all__ = [
     "RankTimeoutError",
     "RuntimeConfig",
     "adopt_placement_group",
+    "attach",
     "batch_to_device",
     "checkpoint_path",
     "create_rank_placement",

@@ -1,8 +1,21 @@
-"""Find a running data coordinator from another driver or an RL training loop."""
+"""Find a running data coordinator from another driver or an RL training loop.
+
+    from rl_data.distributed.client import attach
+
+    feed = attach("rl_data_coordinator", namespace="rl_data", address="auto")
+    step, refs = feed.next_step()           # one batch ref per logical rank
+    batch = feed.fetch(refs[dp_rank])       # or hand refs[r] to training actor r
+    ...                                     # train on step `step`
+    feed.commit(step)                       # the checkpoint now includes this step
+
+``get_coordinator`` returns the raw actor handle; :func:`attach` also connects the driver and
+wraps the handle in a :class:`CoordinatorClient` whose calls wait with a timeout.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Optional
 
 from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE
 
@@ -21,7 +34,7 @@ def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
     if not ray.is_initialized():
         raise RuntimeError(
             "not connected to Ray: call ray.init(address=..., namespace=...) with the cluster "
-            "address before get_coordinator"
+            "address before get_coordinator, or use attach(name, namespace, address)"
         )
     try:
         return ray.get_actor(name, namespace=namespace)
@@ -31,3 +44,68 @@ def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
             "rl_data.distributed.start_data_coordinator (RuntimeConfig.name/namespace must "
             "match) and check that its job is still running"
         ) from None
+
+
+class CoordinatorClient:
+    """Blocking, timed calls on a running ``DataCoordinator`` (see :meth:`DataCoordinator.next_step`)."""
+
+    def __init__(self, handle: Any, *, timeout_s: float = 600.0) -> None:
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def next_step(self) -> tuple[int, list[Any]]:
+        """``(step, refs)``: the next step and one batch ObjectRef per logical rank."""
+        return self._get(self.handle.next_step.remote())
+
+    def fetch(self, ref: Any, device: Any = None, *, writable: bool = False) -> Any:
+        """The batch behind ``ref`` as a ``BatchedDataDict`` on ``device`` (default: CUDA if present)."""
+        from rl_data.distributed.transfer import fetch_batch
+
+        return fetch_batch(ref, device, timeout=self.timeout_s, writable=writable)
+
+    def commit(self, step: int) -> None:
+        """Mark every step up to ``step`` consumed (call after the training step finished)."""
+        self._get(self.handle.commit.remote(step))
+
+    def status(self) -> dict[str, Any]:
+        """Handed-out and committed steps, restarts and what every rank is doing."""
+        return self._get(self.handle.status.remote())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint of the last committed step (store it with the model checkpoint)."""
+        return self._get(self.handle.state_dict.remote())
+
+    def save_checkpoint(self, directory: str) -> str:
+        """Write the checkpoint of the last committed step to ``directory`` (on the coordinator's node)."""
+        return self._get(self.handle.save_checkpoint.remote(directory))
+
+    def _get(self, ref: Any) -> Any:
+        import ray
+
+        return ray.get(ref, timeout=self.timeout_s)
+
+
+def attach(
+    name: str = DEFAULT_NAME,
+    namespace: str = DEFAULT_NAMESPACE,
+    address: Optional[str] = None,
+    *,
+    timeout_s: float = 600.0,
+) -> CoordinatorClient:
+    """Connect to Ray if needed and return a client of the coordinator ``name`` in ``namespace``.
+
+    ``address`` is a GCS address (``host:6379``) or ``"auto"``; default ``$RAY_ADDRESS`` or
+    ``"auto"`` (the cluster this machine belongs to). A driver that is already connected keeps
+    its connection. Raises :class:`CoordinatorNotFoundError` when no such coordinator runs.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray.init(address=target, namespace=namespace)
+        except ConnectionError as error:
+            raise ConnectionError(
+                f"cannot connect to a Ray cluster at {target!r} to attach to coordinator {name!r}: "
+                f"{error}; pass the address of the cluster that runs the job (its head's host:6379)"
+            ) from None
+    return CoordinatorClient(get_coordinator(name, namespace), timeout_s=timeout_s)

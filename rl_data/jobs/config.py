@@ -1,0 +1,111 @@
+"""``TrainDemoConfig``: every option of the main job, and the runtime configs it implies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
+from rl_data.jobs.tasks import get_task
+
+#: CPU share of one rank actor (and its placement-group bundle).
+RANK_CPUS = 0.5
+#: CPU share of one training actor when it runs on the CPU.
+TRAINER_CPUS = 0.25
+
+
+class TrainDemoConfig(BaseModel):
+    """Options of ``pipelines/train_sft_demo.py`` (small defaults: ~1-2 minutes on 2 cores)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str = Field("chat_sft", description="data and task encoder (see rl_data.jobs.tasks.TASKS)")
+    data: Optional[str] = Field(None, description="prepared Energon dataset; preprocessed into if missing")
+    work_dir: str = Field("outputs/train_sft_demo", description="raw data, dataset, job config")
+    ranks: int = Field(2, ge=1, description="logical data-parallel ranks (rank + training actors)")
+    batch_size: int = Field(4, ge=1, description="conversations (or packs) per rank per step")
+    seq_len: int = Field(1024, ge=16, description="max sequence length (pack capacity with packing)")
+    packing: Optional[str] = Field(None, description="packing algorithm; None: no packing")
+    steps: int = Field(6, ge=1, description="steps before the checkpoint")
+    resume_steps: int = Field(4, ge=1, description="steps after the checkpoint, run twice and compared")
+    checkpoint_dir: Optional[str] = Field(None, description="default: <work_dir>/checkpoint")
+    namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
+    coordinator_name: str = Field(DEFAULT_NAME, min_length=1)
+    prefetch_depth: int = Field(2, ge=0)
+    num_conversations: int = Field(256, ge=8, description="conversations preprocessed into the dataset")
+    trainer_gpus: Optional[float] = Field(None, ge=0, description="GPUs per training actor; None: 1 if the cluster has GPUs")
+    step_timeout_s: float = Field(300.0, gt=0)
+    show_encoding: bool = Field(True, description="print one encoded conversation first")
+    progress: bool = True
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        get_task(task)
+        return task
+
+    @field_validator("packing")
+    @classmethod
+    def _known_packing(cls, packing: Optional[str]) -> Optional[str]:
+        from rl_data.packing.algorithms import PackingAlgorithm
+
+        if packing is None or packing.lower() in {"", "none", "off"}:
+            return None
+        names = [a.value for a in PackingAlgorithm]
+        if packing.lower() not in names:
+            raise ValueError(f"unknown packing algorithm {packing!r}; choose one of {names} or none")
+        return packing.lower()
+
+    @field_validator("work_dir", "data", "checkpoint_dir")
+    @classmethod
+    def _absolute(cls, path: Optional[str]) -> Optional[str]:
+        return None if path is None else str(Path(path).expanduser().absolute())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_checkpoint_dir(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("checkpoint_dir") is None:
+            work_dir = values.get("work_dir") or cls.model_fields["work_dir"].default
+            values = {**values, "checkpoint_dir": str(Path(work_dir) / "checkpoint")}
+        return values
+
+    @property
+    def dataset_path(self) -> str:
+        """``--data``, or a dataset in the work dir named after the task and its size."""
+        return self.data or str(Path(self.work_dir) / f"dataset-{self.task}-{self.num_conversations}")
+
+    def runtime_config(self) -> RuntimeConfig:
+        """One rank actor per DP rank, half a CPU each, in a named coordinator."""
+        return RuntimeConfig(
+            parallel_layout=ParallelLayout(dp=self.ranks),
+            prefetch_depth=self.prefetch_depth,
+            bundle_resources={"CPU": RANK_CPUS},
+            rank_actor_num_cpus=RANK_CPUS,
+            namespace=self.namespace,
+            name=self.coordinator_name,
+            step_timeout_s=self.step_timeout_s,
+            control_timeout_s=self.step_timeout_s,
+        )
+
+    def loader_spec(self) -> LoaderSpec:
+        """The train split of :attr:`dataset_path`, encoded by the task's encoder."""
+        task = get_task(self.task)
+        energon: dict = {
+            "shuffle_buffer_size": 64,
+            "max_samples_per_sequence": 16,
+            "task_encoder": task.task_encoder,
+        }
+        if task.cooker is not None:
+            energon["cooker"] = task.cooker
+        if self.packing is not None:
+            energon["packing_buffer_size"] = 4 * self.batch_size
+        return LoaderSpec(
+            data_config={"energon": energon, "shuffle": True},
+            source={"path": self.dataset_path, "split": "train", "virtual_epoch_length": 100},
+            batch_size=self.batch_size,
+            max_sequence_length=self.seq_len,
+            packing_algorithm=self.packing,
+            sequence_length_pad_multiple=16 if self.packing else 1,
+        )
