@@ -4,7 +4,9 @@ Values are torch tensors (rows along dim 0), ``PackedTensor`` (one entry per row
 (one item per row). Every row operation (slice, select, chunk, shard, repeat) applies to all
 values alike. Pickling (and therefore Ray's object store) sends tensors as raw uint8 numpy
 buffers, which pickle protocol 5 / Ray move out of band, so a receiver gets its tensors
-without copying them; dtypes (including bfloat16) and shapes are restored exactly.
+without copying them; dtypes (including bfloat16) and shapes are restored exactly. This holds
+for top-level tensors and PackedTensors and for those nested in plain lists, tuples and dicts
+(``message_log`` token ids and per-message media); they arrive on the CPU.
 Tensors received through Ray alias the shared object store: ``clone()`` before writing into
 them in place.
 """
@@ -276,6 +278,13 @@ class _PackedRows(NamedTuple):
     dim_to_pack: int
 
 
+class _Nested(NamedTuple):
+    """A plain list, tuple or dict whose items were encoded (so nested tensors go out of band)."""
+
+    kind: type
+    items: list[Any] | dict[Any, Any]
+
+
 def _tensor_to_bytes(t: torch.Tensor) -> _TensorBytes:
     flat = t.detach().cpu().contiguous().reshape(-1)
     return _TensorBytes(flat.view(torch.uint8).numpy(), t.dtype, tuple(t.shape))
@@ -290,11 +299,17 @@ def _tensor_from_bytes(b: _TensorBytes) -> torch.Tensor:
 
 
 def _encode(value: Any) -> Any:
+    """Tensors as ``_TensorBytes``, recursing into PackedTensors and plain lists/tuples/dicts."""
     if isinstance(value, torch.Tensor):
         return _tensor_to_bytes(value)
     if isinstance(value, PackedTensor):
         rows = [None if t is None else _tensor_to_bytes(t) for t in value.tensors]
         return _PackedRows(rows, value.dim_to_pack)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return _Nested(kind, [_encode(item) for item in value])
+    if kind is dict:
+        return _Nested(dict, {key: _encode(item) for key, item in value.items()})
     return value
 
 
@@ -304,6 +319,10 @@ def _decode(value: Any) -> Any:
     if isinstance(value, _PackedRows):
         rows = [None if r is None else _tensor_from_bytes(r) for r in value.rows]
         return PackedTensor(rows, value.dim_to_pack)
+    if isinstance(value, _Nested):
+        if value.kind is dict:
+            return {key: _decode(item) for key, item in value.items.items()}
+        return value.kind(_decode(item) for item in value.items)
     return value
 
 

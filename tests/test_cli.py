@@ -117,9 +117,12 @@ def test_demo_exits_1_when_the_continuation_differs_and_2_on_a_bad_option(monkey
     assert result.exit_code == 1, result.output
     assert (seen[0].ranks, seen[0].packing, seen[0].work_dir) == (3, "greedy_knapsack", str(tmp_path))
 
-    result = invoke("demo", "--task", "vlm_sft")
+    result = invoke("demo", "--task", "video_sft")
     assert result.exit_code == 2
-    assert "unknown task 'vlm_sft'; choose one of ['chat_sft']" in result.output
+    assert "unknown task 'video_sft'; choose one of ['chat_sft', 'preference', 'vlm_sft']" in " ".join(result.output.split())
+    result = invoke("demo", "--task", "preference", "--packing", "first_fit_decreasing")
+    assert result.exit_code == 2
+    assert "task 'preference' does not pack sequences" in " ".join(result.output.split())
 
 
 def test_show_conversations_prints_the_readable_message_logs_and_batch():

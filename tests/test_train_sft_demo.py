@@ -142,7 +142,7 @@ def test_config_defaults_and_validation(tmp_path):
     assert packed.loader_spec().data_config["energon"]["packing_buffer_size"] == 12
     assert TrainDemoConfig(packing="none").packing is None
     assert config.runtime_config().parallel_layout.dp == 2 and config.runtime_config().namespace == "rl_data"
-    with pytest.raises(ValueError, match=r"unknown task 'vlm'; choose one of \['chat_sft'\]"):
+    with pytest.raises(ValueError, match=r"unknown task 'vlm'; choose one of \['chat_sft', 'preference', 'vlm_sft'\]"):
         TrainDemoConfig(task="vlm")
     with pytest.raises(ValueError, match=r"unknown packing algorithm 'best_fit'; choose one of \['concatenative', "):
         TrainDemoConfig(packing="best_fit")

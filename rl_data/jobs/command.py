@@ -11,7 +11,7 @@ from rl_data.distributed.config import DEFAULT_NAMESPACE
 
 
 def train_sft_demo(
-    task: Annotated[str, typer.Option(help="data + task encoder: chat_sft")] = "chat_sft",
+    task: Annotated[str, typer.Option(help="data + task encoder: chat_sft | vlm_sft (images) | preference (pairs, no packing)")] = "chat_sft",
     data: Annotated[Optional[str], typer.Option(help="prepared Energon dataset (preprocessed into if missing); default: in --work-dir")] = None,
     work_dir: Annotated[Path, typer.Option(help="raw data, dataset, job_config.json")] = Path("outputs/train_sft_demo"),
     ranks: Annotated[int, typer.Option(min=1, help="logical data-parallel ranks")] = 2,
@@ -23,7 +23,7 @@ def train_sft_demo(
     checkpoint_dir: Annotated[Optional[Path], typer.Option(help="default: <work-dir>/checkpoint")] = None,
     namespace: Annotated[str, typer.Option(help="Ray namespace of the named coordinator")] = DEFAULT_NAMESPACE,
     prefetch_depth: Annotated[int, typer.Option(min=0, help="batches each rank prepares ahead")] = 2,
-    num_conversations: Annotated[int, typer.Option(min=8, help="conversations preprocessed into the dataset")] = 256,
+    num_conversations: Annotated[int, typer.Option(min=8, help="raw rows (conversations, pictures or pairs) preprocessed into the dataset")] = 256,
     trainer_gpus: Annotated[Optional[float], typer.Option(min=0, help="GPUs per training actor (default: 1 if the cluster has one per rank, else 0)")] = None,
     show_encoding: Annotated[bool, typer.Option(help="print one encoded conversation first")] = True,
     progress: Annotated[bool, typer.Option(help="progress bars")] = True,

@@ -58,6 +58,15 @@ class TrainDemoConfig(BaseModel):
             raise ValueError(f"unknown packing algorithm {packing!r}; choose one of {names} or none")
         return packing.lower()
 
+    @model_validator(mode="after")
+    def _packing_fits_the_task(self) -> "TrainDemoConfig":
+        if self.packing is not None and not get_task(self.task).supports_packing:
+            raise ValueError(
+                f"task {self.task!r} does not pack sequences (found packing={self.packing!r}); "
+                "leave --packing unset (or none) for this task"
+            )
+        return self
+
     @field_validator("work_dir", "data", "checkpoint_dir")
     @classmethod
     def _absolute(cls, path: Optional[str]) -> Optional[str]:
@@ -108,4 +117,5 @@ class TrainDemoConfig(BaseModel):
             max_sequence_length=self.seq_len,
             packing_algorithm=self.packing,
             sequence_length_pad_multiple=16 if self.packing else 1,
+            processor_factory=task.processor_factory,
         )

@@ -1,9 +1,10 @@
 """The data tasks the main job can run: which raw data it prepares and how it is encoded.
 
-A :class:`DemoTask` names everything that differs between tasks: the real data a package
-ships (written as raw JSONL rows), the preprocess adapter that reads those rows, and the
-task encoder (and cooker) the rank actors' loaders use. ``--task NAME`` selects one of
-:data:`TASKS`; add a task by adding an entry.
+A :class:`DemoTask` names everything that differs between tasks: the data it writes as raw
+JSONL rows (real chitchat conversations, preference pairs made from them, or synthetic pictures
+with questions; see :mod:`rl_data.jobs.task_data`), the preprocess adapter that reads those
+rows, the task encoder (and cooker) the rank actors' loaders use and the processor they build.
+``--task NAME`` selects one of :data:`TASKS`; add a task by adding an entry.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from rl_data.jobs.task_data import write_chitchat_preference_rows, write_shape_question_rows
+
+TOKENIZER_FACTORY = "rl_data.tokenization.tokenizer:load_qwen3_tokenizer"
+MULTIMODAL_PROCESSOR_FACTORY = "rl_data.energon.multimodal.task_encoders.processor:load_default_multimodal_processor"
 
 @dataclass(frozen=True)
 class DemoTask:
@@ -29,6 +34,10 @@ class DemoTask:
     task_encoder: str
     #: ``EnergonLoaderConfig.cooker`` (None: the task encoder's default).
     cooker: Optional[str] = None
+    #: ``LoaderSpec.processor_factory``: the tokenizer, or a multimodal processor.
+    processor_factory: str = TOKENIZER_FACTORY
+    #: Whether the task encoder packs sequences (``--packing``).
+    supports_packing: bool = True
 
 
 def write_chitchat_rows(path: Path, limit: int) -> int:
@@ -51,6 +60,22 @@ TASKS: dict[str, DemoTask] = {
         write_raw_rows=write_chitchat_rows,
         adapter="openai",
         task_encoder="chat_sft",
+    ),
+    "vlm_sft": DemoTask(
+        name="vlm_sft",
+        description="image question answering on synthetic pictures of coloured shapes (PNG files + JSONL)",
+        write_raw_rows=write_shape_question_rows,
+        adapter="openai",
+        task_encoder="vlm_sft",
+        processor_factory=MULTIMODAL_PROCESSOR_FACTORY,
+    ),
+    "preference": DemoTask(
+        name="preference",
+        description="preference pairs from chitchat: the real reply chosen, another conversation's rejected",
+        write_raw_rows=write_chitchat_preference_rows,
+        adapter="preference",
+        task_encoder="preference",
+        supports_packing=False,
     ),
 }
 

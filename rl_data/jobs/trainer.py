@@ -4,11 +4,12 @@ A ``TrainingActor`` receives the batch's ObjectRef (wrapped in a list, so Ray do
 it on the way), fetches it from the object store and moves it to its device with
 :func:`rl_data.distributed.transfer.batch_to_device`. An unpacked batch carries message logs:
 the actor masks them (assistant turns trained) and flattens them into ``input_ids`` /
-``token_mask`` as an SFT trainer does; a packed batch is already flat. Then it runs a tiny, real
-forward pass: a
-bucketed embedding + linear next-token model (fixed seed, no updates) whose masked
-cross-entropy uses exactly the tokens the loss mask trains on. It reports what it consumed
-(sample ids, tokens, loss), which is what the job's exactness proof compares.
+``token_mask`` as an SFT trainer does (a preference batch: chosen rows, then rejected rows; a
+multimodal batch's media stay in its ``get_multimodal_dict``); a packed batch is already flat.
+Then it runs a tiny, real forward pass: a bucketed embedding + linear next-token model (fixed
+seed, no updates) whose masked cross-entropy uses exactly the tokens the loss mask trains on.
+It reports what it consumed (sample ids, tokens, loss), which is what the job's exactness proof
+compares.
 """
 
 from __future__ import annotations
@@ -77,12 +78,20 @@ class TrainingActor:
         }
 
     def _flatten(self, batch: Any) -> Any:
-        """Loss masks on the message logs (assistant tokens trained), then the padded SFT tensors."""
+        """Loss masks on the message logs (assistant tokens trained), then the padded SFT tensors.
+
+        A preference batch becomes its chosen rows followed by its rejected rows, as a DPO
+        trainer's forward pass sees them.
+        """
         from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors
 
-        logs = batch["message_log"]
+        multipliers = batch["loss_multiplier"].tolist()
+        if "message_log_chosen" in batch:
+            logs, multipliers = batch["message_log_chosen"] + batch["message_log_rejected"], multipliers * 2
+        else:
+            logs = batch["message_log"]
         add_loss_mask_to_message_log(logs, roles_to_train_on=("assistant",))
-        return sft_batch_tensors(logs, batch["loss_multiplier"].tolist(), pad_token_id=self.pad_token_id)
+        return sft_batch_tensors(logs, multipliers, pad_token_id=self.pad_token_id)
 
 
 def start_trainers(ranks: int, *, pad_token_id: int, num_gpus: float, namespace: str, name_prefix: str) -> list[Any]:
