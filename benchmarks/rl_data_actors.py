@@ -1,17 +1,24 @@
 """Contender b: rl_data rank actors + coordinator, consumed by a separate actor through object refs.
 
 ``start_data_coordinator`` with N logical ranks (one rank actor each, prefetching, fractional
-CPUs so N ranks share ``parallelism`` CPUs); a consumer actor (the trainer) asks the
-coordinator for each step (one batch ref per rank), fetches the batches from the object store,
-turns them into training tensors and commits the step. Checkpoint: the coordinator's
-``save_checkpoint`` after the throughput phase; restore: a fresh coordinator (same config),
-``load_checkpoint``, first step, compared with the step that followed the save (exact means no
-batch replayed). ``rebuild_s`` is the fresh coordinator's start (actors, loaders), timed apart.
+CPUs so N ranks share ``parallelism`` CPUs); a consumer actor (the trainer) gets each step
+(one batch ref per rank) from the coordinator, fetches the batches from the object store and
+turns them into training tensors. It does so the way a trainer overlaps data with compute: one
+background thread keeps the next step ready, asking ``next_step(commit=k)`` (commit the step
+trained last and get the next one: one round trip per step), so committed steps are always
+steps the trainer finished. Checkpoint: the coordinator's ``save_checkpoint`` after the
+throughput phase, once the last consumed step is committed; restore: a fresh coordinator
+(same config), ``load_checkpoint``, first step, compared with the step that followed the save
+(exact means no batch replayed). ``rebuild_s`` is the fresh coordinator's start (actors,
+loaders), timed apart. The consumer actor (the trainer: its tokenizer for the padding) is
+ready before the clock starts, as contender a's tokenizer is.
 """
 
 from __future__ import annotations
 
+import queue
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -25,7 +32,7 @@ NAMESPACE = "rl_data_bench"
 
 
 class CoordinatorConsumer:
-    """The trainer side (run as a Ray actor): next_step -> fetch refs -> tensors -> commit."""
+    """The trainer side (run as a Ray actor): steps prefetched by a thread, committed once trained."""
 
     def __init__(self, settings_json: str) -> None:
         from rl_data.energon.task_encoders.adapter import ProcessorAdapter
@@ -33,41 +40,81 @@ class CoordinatorConsumer:
 
         self.settings = BenchSettings.model_validate_json(settings_json)
         self.adapter = ProcessorAdapter(load_qwen3_tokenizer(), self.settings.max_sequence_length)
+        self._steps: queue.Queue = queue.Queue(maxsize=1)
+        self._lock = threading.Lock()  # orders commits sent by the thread and by save()
+        self._trained = self._committed = 0  # the last step handed to the trainer is being trained
+        self._in_flight: Any = None  # the thread's outstanding next_step call
 
-    def _next_step(self, coordinator: Any) -> dict[str, Any]:
+    def _start_prefetching(self, coordinator: Any) -> None:
+        threading.Thread(target=self._prefetch, args=(coordinator,), daemon=True).start()
+
+    def _prefetch(self, coordinator: Any) -> None:
         import ray
 
         timeout = self.settings.ray_timeout_s
-        step, refs = ray.get(coordinator.next_step.remote(), timeout=timeout)
-        batches = ray.get(refs, timeout=timeout)
-        merged = merge_step(
-            [training_batch(b, self.adapter, self.settings.sequence_length_pad_multiple) for b in batches]
-        )
-        ray.get(coordinator.commit.remote(step), timeout=timeout)
+        while True:
+            try:
+                with self._lock:
+                    commit = self._trained if self._trained > self._committed else None
+                    self._in_flight = coordinator.next_step.remote(commit=commit)
+                    self._committed = max(self._committed, commit or 0)
+                step, refs = ray.get(self._in_flight, timeout=timeout)
+                batches = ray.get(refs, timeout=timeout)
+                pad_multiple = self.settings.sequence_length_pad_multiple
+                item: Any = (step, merge_step([training_batch(b, self.adapter, pad_multiple) for b in batches]))
+            except BaseException as error:  # surfaces in the trainer's next _next_step
+                item = (None, error)
+            self._steps.put(item)
+            if item[0] is None:
+                return
+
+    def _next_step(self, previous: list[int]) -> dict[str, Any]:
+        """The next prefetched step; the one returned before counts as trained from now on."""
+        self._trained = previous[0]
+        step, merged = self._steps.get(timeout=self.settings.ray_timeout_s)
+        if step is None:
+            raise merged
+        previous[0] = step
         return merged
+
+    def _commit_trained(self, coordinator: Any, step: int) -> None:
+        import ray
+
+        with self._lock:  # after the thread's outstanding call, which may carry an older commit
+            ray.wait([self._in_flight], timeout=self.settings.ray_timeout_s)
+            ray.get(coordinator.commit.remote(step), timeout=self.settings.ray_timeout_s)
+            self._trained = self._committed = step
 
     def measure(self, coordinator: Any, start_wall: float, checkpoint_dir: str) -> dict[str, Any]:
         import ray
 
         start = time.perf_counter() - (time.time() - start_wall)
+        self._start_prefetching(coordinator)
+        previous = [0]
+
+        def save() -> None:  # the trainer finished the last step it took: commit it, then save
+            self._commit_trained(coordinator, previous[0])
+            ray.get(coordinator.save_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s)
+
         return consume(
-            lambda: self._next_step(coordinator),
+            lambda: self._next_step(previous),
             start=start,
             samples_target=self.settings.samples_per_run,
             wait_steps=self.settings.wait_steps,
             step_factor=self.settings.train_step_factor,
-            save=lambda: ray.get(
-                coordinator.save_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s
-            ),
+            save=save,
         )
 
     def restore_then_first(self, coordinator: Any, checkpoint_dir: str) -> tuple[list[str], float]:
         import ray
 
+        timeout = self.settings.ray_timeout_s
         begin = time.perf_counter()
-        ray.get(coordinator.load_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s)
-        ids = self._next_step(coordinator)["ids"]
-        return ids, time.perf_counter() - begin
+        ray.get(coordinator.load_checkpoint.remote(checkpoint_dir), timeout=timeout)
+        _, refs = ray.get(coordinator.next_step.remote(), timeout=timeout)
+        pad_multiple = self.settings.sequence_length_pad_multiple
+        batches = [training_batch(b, self.adapter, pad_multiple) for b in ray.get(refs, timeout=timeout)]
+        return merge_step(batches)["ids"], time.perf_counter() - begin
 
 
 def _start(workload: Workload, settings: BenchSettings, *, packing: bool, ranks: int, name: str) -> Any:
@@ -103,6 +150,7 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, ranks: in
     timeout = settings.ray_timeout_s
     name = f"bench-{ranks}-{int(packing)}-{time.time_ns()}"
     consumer = ray.remote(num_cpus=0)(CoordinatorConsumer).remote(settings.model_dump_json())
+    ray.get(consumer.__ray_ready__.remote(), timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="rl_data_bench_ckpt-") as checkpoint_dir:
         with PeakMemory() as memory:
             start_wall = time.time()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks import energon_bare, micro, ray_data, rl_data_actors, torchdata_loader
 from benchmarks.settings import BenchSettings
@@ -33,6 +37,9 @@ def _attempt(what: str, run: Callable[[], Any], log: Callable[[str], None]) -> A
 def run_suite(settings: BenchSettings, out_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """All figures of one run as plain JSON-able data (see ``benchmarks/README.md``)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # equal CPU: parallelism comes from workers/ranks
+    # and so does torch's: with 2 intra-op threads on a loaded 2-core machine a 16 x 4096
+    # torch.full spins ~10 ms instead of 10 us (DataLoader workers and Ray actors already use 1)
+    torch.set_num_threads(1)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     from rl_data.tokenization import load_qwen3_tokenizer
 
@@ -56,12 +63,15 @@ def run_suite(settings: BenchSettings, out_dir: str | Path, log: Callable[[str],
         )
     import ray
 
+    ray_dir = tempfile.mkdtemp(prefix="rl_data_bench_ray_")
     ray.init(
         address="local",
         num_cpus=os.cpu_count(),
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
+        # a private session folder: another Ray user cleaning /tmp/ray cannot delete our sockets
+        _temp_dir=ray_dir,
     )
     try:
         micro_results["transfer"] = _attempt("micro: 32 MB transfer", lambda: micro.transfer(settings), log)
@@ -78,6 +88,7 @@ def run_suite(settings: BenchSettings, out_dir: str | Path, log: Callable[[str],
             )
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
     return {
         "settings": settings.model_dump(mode="json"),
         "workload": workload.describe(),

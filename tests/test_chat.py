@@ -17,7 +17,7 @@ from rl_data.tokenization.chat import (
     get_formatted_message_log_reference,
     validate_messages,
 )
-from rl_data.tokenization.chat_template import CHATML_TEMPLATE, GENERATION_PROMPT
+from rl_data.tokenization.chat_template import CHATML_TEMPLATE, GENERATION_PROMPT, render_chatml
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]  # fmt: skip
@@ -160,6 +160,75 @@ def test_turns_concatenate_to_the_whole_render_on_1000_full_real_conversations(
     for log, text, ids in zip(logs, rendered, whole_ids):
         assert "".join(m["content"] for m in log) == text
         assert torch.cat([m["token_ids"] for m in log]).tolist() == ids
+
+
+def test_plain_renderer_equals_the_jinja_render_on_1000_real_conversations(tokenizer, chat_conversations):
+    for index, conversation in enumerate(chat_conversations[:1000]):
+        messages = conversation["messages"]
+        options = {"tools": TOOLS if index % 3 == 0 else None, "add_generation_prompt": index % 2 == 1}
+        assert render_chatml(messages, **options) == tokenizer.apply_chat_template(messages, tokenize=False, **options)
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_plain_renderer_equals_the_jinja_render_on_synthetic_conversations(tokenizer, name):
+    for tools in (None, TOOLS, []):
+        for generation_prompt in (False, True):
+            expected = tokenizer.apply_chat_template(
+                SYNTHETIC[name], tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+            )
+            assert render_chatml(SYNTHETIC[name], tools, generation_prompt) == expected
+
+
+def test_plain_renderer_leaves_what_it_does_not_model_to_jinja(tokenizer):
+    unsupported = [
+        [{"role": "assistant", "content": "x", "tool_calls": None}],
+        [{"role": "assistant", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}],
+        [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}],
+        [{"role": "bot", "content": "x"}],
+    ]
+    assert [render_chatml(messages) for messages in unsupported] == [None, None, None, None]
+    assert render_chatml([{"role": "user", "content": "x"}], tools=[len]) is None
+
+
+def test_real_conversations_are_tokenized_in_one_call_split_at_turn_starts(tokenizer, chat_conversations):
+    calls = []
+
+    class CountingTokenizer:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text, **kwargs):
+            calls.append(text)
+            return tokenizer(text, **kwargs)
+
+    for conversation in chat_conversations[:200]:
+        calls.clear()
+        log = get_formatted_message_log(conversation["messages"], CountingTokenizer())
+        assert calls == ["".join(m["content"] for m in log)]
+        assert torch.cat([m["token_ids"] for m in log]).tolist() == tokenizer(calls[0], add_special_tokens=False)["input_ids"]
+        assert [len(m["token_ids"]) for m in log] == [len(tokenizer(m["content"])["input_ids"]) for m in log]
+
+
+def test_turns_after_a_mid_conversation_generation_prompt_are_encoded_apart(tokenizer):
+    # "assistant\n" + "\n\nHi": in one text the newlines merge into one token across the turn boundary
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "\n\nHi"}]
+    log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=True)
+    assert [m["content"] for m in log] == ["<|im_start|>user\nQ<|im_end|>\n" + GENERATION_PROMPT, "\n\nHi<|im_end|>"]
+    assert_same_message_logs(log, get_formatted_message_log_reference(messages, tokenizer, add_generation_prompt=True))
+    joined = tokenizer("".join(m["content"] for m in log), add_special_tokens=False)["input_ids"]
+    assert torch.cat([m["token_ids"] for m in log]).tolist() != joined
+
+
+def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenizer):
+    messages = SYNTHETIC["system_prompt"]
+    assert chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer) == [[151644, 64], [151644, 65]]
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = CHATML_TEMPLATE
+    plain.convert_tokens_to_ids = lambda token: None
+    assert chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], plain) is None
+    assert_same_message_logs(
+        get_formatted_message_log(messages, plain), get_formatted_message_log_reference(messages, tokenizer)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))

@@ -70,6 +70,12 @@ def test_commit_rules_and_checkpoint_content(ray_session, energon_dataset, tmp_p
             assert rank_state["identity"]["topology"]["logical_rank"] == rank
         with pytest.raises(RuntimeError, match=r"load_state_dict after step 3 was handed out; restore a checkpoint into a fresh coordinator"):
             ray.get(coordinator.load_state_dict.remote(initial), timeout=TIMEOUT_S)
+        # next_step(commit=k): commit the trained step and take the next one in one round trip
+        assert ray.get(coordinator.next_step.remote(commit=3), timeout=TIMEOUT_S)[0] == 4
+        with pytest.raises(ValueError, match=r"cannot commit step 9: the last step handed out is 4; commit only steps returned by next_step"):
+            ray.get(coordinator.next_step.remote(commit=9), timeout=TIMEOUT_S)
+        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        assert (status["handed_step"], status["committed_step"]) == (4, 3)  # the refused call handed out nothing
 
 
 @pytest.fixture(scope="module")

@@ -92,8 +92,14 @@ class DataCoordinator:
         if not self._committed_states:  # a concurrent call may have finished first
             self._committed_states = list(states)
 
-    async def next_step(self) -> tuple[int, list[Any]]:
-        """Step k and one batch ref per logical rank (refs are handed out, data is never fetched)."""
+    async def next_step(self, commit: Optional[int] = None) -> tuple[int, list[Any]]:
+        """Step k and one batch ref per logical rank (refs are handed out, data is never fetched).
+
+        ``commit``: first :meth:`commit` that step, so a trainer needs one round trip per
+        step: ``next_step(commit=k)`` once step k is trained.
+        """
+        if commit is not None:
+            await self.commit(commit)
         started = time.monotonic()
         await self._ensure_ready()
         async with self._lock:

@@ -288,6 +288,16 @@ def _task_encoder(
     )
 
 
+def _batch_as_is(batch: Any) -> Any:
+    """The torch ``DataLoader`` collate for Energon's finished batches.
+
+    With ``batch_size=None`` torch applies ``default_convert``, which rebuilds every dict and
+    list of a batch recursively (each message of every message log): ~10 % of an unpacked
+    rank's time, for a batch the task encoder already made of tensors.
+    """
+    return batch
+
+
 def build_energon_sft_loader(
     *,
     data_config: Mapping[str, Any],
@@ -400,6 +410,7 @@ def build_energon_sft_loader(
         prefetch_factor=loader_config.prefetch_factor,
         watchdog_timeout_seconds=loader_config.watchdog_timeout_seconds,
     )
+    loader.collate_fn = _batch_as_is
     identity = _loader_identity(
         source=source,
         loader_config=loader_config,
