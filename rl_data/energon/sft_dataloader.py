@@ -411,6 +411,8 @@ def build_energon_sft_loader(
         watchdog_timeout_seconds=loader_config.watchdog_timeout_seconds,
     )
     loader.collate_fn = _batch_as_is
+    # Energon always asks torch to pin batches; without CUDA that only warns on every iter().
+    loader.pin_memory = torch.cuda.is_available()
     identity = _loader_identity(
         source=source,
         loader_config=loader_config,
