@@ -17,6 +17,33 @@ from rl_data.energon.sample_format import decode_sample
 from rl_data.tokenization import validate_messages
 
 
+_KIND_NAMES = {"sft": "SFT", "preference": "preference"}
+
+
+def decode_record(raw: dict[str, Any], kind: str, *, reader: str) -> tuple[Any, dict[str, Any]]:
+    """The sample key and decoded JSON record, which must be of ``kind`` (``ValueError`` if not)."""
+    record = decode_sample(raw)
+    key = raw.get("__key__")
+    if record["kind"] != kind:
+        other = "a preference task encoder" if kind == "sft" else "an SFT task encoder"
+        raise ValueError(
+            f"sample {key!r} is a {record['kind']!r} sample; {reader} reads only kind {kind!r} "
+            f"(use {other} for {_KIND_NAMES.get(record['kind'], record['kind'])} data)"
+        )
+    return key, record
+
+
+def sft_messages(key: Any, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's non-empty ``messages`` list (``ValueError`` naming the sample otherwise)."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"sample {key!r} has no messages (found {messages!r}); an SFT sample needs a "
+            "non-empty 'messages' list"
+        )
+    return messages
+
+
 @edataclass
 class ChatSample(Sample):
     """One canonical SFT conversation, as stored in the dataset."""
@@ -46,19 +73,8 @@ class ChatCooker:
         sample, empty messages or an unknown role, so the loader's error handler logs and
         skips it.
         """
-        record = decode_sample(raw)
-        key = raw.get("__key__")
-        if record["kind"] != "sft":
-            raise ValueError(
-                f"sample {key!r} is a {record['kind']!r} sample; the chat SFT cooker reads "
-                "only kind 'sft' (use a preference loader for preference data)"
-            )
-        messages = record.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(
-                f"sample {key!r} has no messages (found {messages!r}); an SFT sample needs "
-                "a non-empty 'messages' list"
-            )
+        key, record = decode_record(raw, "sft", reader="the chat SFT cooker")
+        messages = sft_messages(key, record)
         validate_messages(messages)
         return ChatSample(
             **basic_sample_keys(raw),

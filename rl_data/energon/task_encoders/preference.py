@@ -19,8 +19,8 @@ import torch
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.energon.sample_format import decode_sample
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder
+from rl_data.energon.task_encoders.cookers import decode_record
 from rl_data.tokenization import truncate_message_log, validate_messages
 
 _PAIR_FIELDS = ("context", "chosen", "rejected")
@@ -59,13 +59,7 @@ class PreferenceCooker:
     @stateless
     def cook(raw: dict[str, Any]) -> PreferenceSample:
         """Decode and validate; ``ValueError`` for another kind, empty lists or bad messages."""
-        record = decode_sample(raw)
-        key = raw.get("__key__")
-        if record["kind"] != "preference":
-            raise ValueError(
-                f"sample {key!r} is a {record['kind']!r} sample; the preference cooker reads only "
-                "kind 'preference' (use an SFT task encoder for SFT data)"
-            )
+        key, record = decode_record(raw, "preference", reader="the preference cooker")
         for name in _PAIR_FIELDS:
             value = record.get(name)
             if not isinstance(value, list) or not value:

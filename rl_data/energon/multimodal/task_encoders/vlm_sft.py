@@ -28,9 +28,9 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.energon.multimodal.task_encoders.media import decode_audio, decode_image, decode_video
 from rl_data.energon.multimodal.task_encoders.processor import MultimodalProcessor
-from rl_data.energon.sample_format import check_media_members, decode_sample, is_media_part, media_members
+from rl_data.energon.sample_format import check_media_members, is_media_part, media_members
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder, EncodedSFTSample, PackedSFTSample
-from rl_data.energon.task_encoders.cookers import ChatSample
+from rl_data.energon.task_encoders.cookers import ChatSample, decode_record, sft_messages
 from rl_data.interfaces import VLMMessageLogType
 from rl_data.packed_tensor import PackedTensor
 from rl_data.tokenization import validate_messages
@@ -60,19 +60,8 @@ class MultimodalChatCooker:
         Raises ``ValueError`` for a missing or unreferenced member, a malformed media part or
         any problem the text cooker rejects (the loader logs and skips the sample).
         """
-        record = decode_sample(raw)
-        key = raw.get("__key__")
-        if record["kind"] != "sft":
-            raise ValueError(
-                f"sample {key!r} is a {record['kind']!r} sample; the multimodal chat cooker reads "
-                "only kind 'sft' (use the preference task encoder for preference data)"
-            )
-        messages = record.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(
-                f"sample {key!r} has no messages (found {messages!r}); an SFT sample needs a "
-                "non-empty 'messages' list"
-            )
+        key, record = decode_record(raw, "sft", reader="the multimodal chat cooker")
+        messages = sft_messages(key, record)
         media = media_members(raw)
         check_media_members(record, media)
         validate_messages([_text_view(m) for m in messages])
