@@ -16,6 +16,17 @@ from rl_data.energon.dataset_writer import DEFAULT_SPLITS, write_energon_dataset
 from rl_data.energon.sample_format import encode_sample
 
 #: Kinds of corrupt samples, each failing in the cooker for another reason.
+#: ``build_energon_sft_loader`` arguments for one unpacked loader of logical rank 0 of 1;
+#: tests add data_config, source, processor, batch size, length and split role.
+SINGLE_RANK_UNPACKED = dict(
+    logical_rank=0,
+    logical_world_size=1,
+    placement_fingerprint="placement-1",
+    packing_algorithm=None,
+    max_sequences_per_bin=None,
+    sequence_length_pad_multiple=1,
+    only_unmask_final=False,
+)
 CORRUPT_KINDS = ("invalid_json", "unknown_role", "empty_messages")
 
 

@@ -26,6 +26,7 @@ from multimodal_fixtures import (
     wav_bytes,
     write_raw_dataset,
 )
+from energon_fixtures import SINGLE_RANK_UNPACKED
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.multimodal.task_encoders import (
     MediaSettings,
@@ -112,13 +113,7 @@ def build(root, processor, *, split_role="validation", energon=None, **overrides
         batch_size=2,
         max_sequence_length=MAX_LEN,
         split_role=split_role,
-        logical_rank=0,
-        logical_world_size=1,
-        placement_fingerprint="placement-1",
-        packing_algorithm=None,
-        max_sequences_per_bin=None,
-        sequence_length_pad_multiple=1,
-        only_unmask_final=False,
+        **SINGLE_RANK_UNPACKED,
     )
     arguments.update(overrides)
     return build_energon_sft_loader(**arguments)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from multimodal_fixtures import write_raw_dataset
+from energon_fixtures import SINGLE_RANK_UNPACKED
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.sample_format import encode_sample
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
@@ -61,13 +62,7 @@ def build(root, tokenizer, *, split_role="train", split=None, energon=None, **ov
         batch_size=3,
         max_sequence_length=MAX_LEN,
         split_role=split_role,
-        logical_rank=0,
-        logical_world_size=1,
-        placement_fingerprint="placement-1",
-        packing_algorithm=None,
-        max_sequences_per_bin=None,
-        sequence_length_pad_multiple=1,
-        only_unmask_final=False,
+        **SINGLE_RANK_UNPACKED,
     )
     arguments.update(overrides)
     return build_energon_sft_loader(**arguments)

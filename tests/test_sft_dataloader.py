@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from energon_fixtures import write_chat_dataset
+from energon_fixtures import SINGLE_RANK_UNPACKED, write_chat_dataset
 from restore_check import assert_restores_at_every_step, torch_roundtrip
 from rl_data.energon.config import EnergonLoaderConfig
 from rl_data.energon.failure_budget import SampleFailureBudgetExceeded
@@ -47,13 +47,7 @@ def build(dataset, tokenizer, *, energon=None, source=None, data_config=None, **
         batch_size=4,
         max_sequence_length=MAX_LEN,
         split_role="train",
-        logical_rank=0,
-        logical_world_size=1,
-        placement_fingerprint="placement-1",
-        packing_algorithm=None,
-        max_sequences_per_bin=None,
-        sequence_length_pad_multiple=1,
-        only_unmask_final=False,
+        **SINGLE_RANK_UNPACKED,
     )
     arguments.update(overrides)
     return build_energon_sft_loader(**arguments)
