@@ -1,7 +1,8 @@
 """Contender a: the bare Energon loader with the project's task encoder, in this process.
 
 One ``build_energon_sft_loader`` (0 worker processes) for logical rank 0 of 1: the per-rank
-ceiling every distributed layer is measured against. Checkpoint: ``state_dict()`` serialised
+ceiling every distributed layer is measured against. Runs in a fresh process
+(:mod:`benchmarks.fresh_process`): the clock includes loading the tokenizer. Checkpoint: ``state_dict()`` serialised
 with ``torch.save``; restore: a fresh loader with the same arguments, ``load_state_dict``,
 first batch (exact, so no batch is replayed); building the fresh loader is timed apart
 (``rebuild_s``).
@@ -21,6 +22,7 @@ from benchmarks.settings import BenchSettings
 from benchmarks.workload import Workload
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
+from rl_data.tokenization import load_qwen3_tokenizer
 
 PLACEMENT = "benchmark-placement"
 #: Batches per virtual epoch: more than any run consumes (Energon builds a list of this length).
@@ -50,10 +52,9 @@ def loader_kwargs(
     )
 
 
-def run(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer: Any) -> dict[str, Any]:
-    """Measure contender a (see :func:`benchmarks.measure.consume`)."""
+def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: float) -> dict[str, Any]:
+    """Measure contender a (see :func:`benchmarks.measure.consume`); ``start``: when the clock started."""
     kwargs = loader_kwargs(workload, settings, packing=packing)
-    adapter = ProcessorAdapter(tokenizer, settings.max_sequence_length)
     pad_multiple = settings.sequence_length_pad_multiple
     saved: dict[str, bytes] = {}
 
@@ -63,7 +64,8 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer
         saved["state"] = buffer.getvalue()
 
     with PeakMemory() as memory:
-        start = time.perf_counter()
+        tokenizer = load_qwen3_tokenizer()
+        adapter = ProcessorAdapter(tokenizer, settings.max_sequence_length)
         loader = build_energon_sft_loader(processor=tokenizer, **kwargs)
         batches = iter(loader)
         result = consume(
@@ -85,5 +87,5 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer
     result["batches_replayed_on_restore"] = 0 if result["restore_exact"] else None
     result["checkpoint_bytes"] = len(saved["state"])
     result["peak_memory_mb"] = memory.peak_mb
-    result["cpu_layout"] = "1 process, 0 Energon workers"
+    result["cpu_layout"] = "1 fresh process, 0 Energon workers"
     return result

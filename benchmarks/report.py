@@ -21,6 +21,7 @@ COLUMNS = (
     ("exact", "restore_exact", "{}"),
     ("non-pad share", "non_pad_share", "{:.3f}"),
 )
+ROUNDS_KEY = "rounds_non_pad_tokens_per_s"
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -46,15 +47,16 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "## Contenders",
         "",
-        "| contender | " + " | ".join(c[0] for c in COLUMNS) + " | CPU layout |",
-        "|---" * (len(COLUMNS) + 2) + "|",
+        "| contender | " + " | ".join(c[0] for c in COLUMNS) + " | every round, k tok/s | CPU layout |",
+        "|---" * (len(COLUMNS) + 3) + "|",
     ]
     for name, figures in results["contenders"].items():
         if "error" in figures:
-            lines.append(f"| {name} | failed: {figures['error'][:150]} |" + " |" * len(COLUMNS))
+            lines.append(f"| {name} | failed: {figures['error'][:150]} |" + " |" * (len(COLUMNS) + 1))
             continue
         cells = [_cell(figures.get(key), fmt) for _, key, fmt in COLUMNS]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {figures.get('cpu_layout', '')} |")
+        rounds = " / ".join("failed" if r is None else f"{r / 1e3:.0f}" for r in figures.get(ROUNDS_KEY, []))
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {rounds} | {figures.get('cpu_layout', '')} |")
     lines += ["", "## Targets", "", "| target | value | required | met |", "|---|---|---|---|"]
     for target in results["targets"]:
         value = "n/a" if target["value"] is None else f"{target['value']:.3f}"
@@ -69,6 +71,7 @@ def markdown(results: dict[str, Any]) -> str:
             "| path | tokens/s | vs raw |",
             "|---|---|---|",
             f"| raw batch encode (batches of 32) | {chat['raw_batch_encode_tokens_per_s']:,.0f} | 1.00 |",
+            f"| raw encode by the Rust backend (`encode_batch_fast`, batches of 32, no transformers layer) | {chat['raw_backend_fast_tokens_per_s']:,.0f} | {chat['raw_backend_fast_tokens_per_s'] / chat['raw_batch_encode_tokens_per_s']:.2f} |",
             f"| get_formatted_message_log (render once, split) | {chat['formatting_tokens_per_s']:,.0f} | {chat['formatting_vs_raw']:.2f} |",
             f"| reference (render per prefix), {chat['reference_subset_conversations']} convs | {chat['reference_tokens_per_s']:,.0f} | {chat['reference_vs_raw']:.2f} |",
             "",

@@ -3,22 +3,20 @@
 ``start_data_coordinator`` with N logical ranks (one rank actor each, prefetching, fractional
 CPUs so N ranks share ``parallelism`` CPUs); a consumer actor (the trainer) gets each step
 (one batch ref per rank) from the coordinator, fetches the batches from the object store and
-turns them into training tensors. It does so the way a trainer overlaps data with compute: one
-background thread keeps the next step ready, asking ``next_step(commit=k)`` (commit the step
-trained last and get the next one: one round trip per step), so committed steps are always
-steps the trainer finished. Checkpoint: the coordinator's ``save_checkpoint`` after the
+turns them into training tensors. It does so the way a trainer overlaps data with compute,
+through ``rl_data.distributed.StepPrefetcher``: one background thread keeps the next step
+ready, asking ``next_step(commit=k)`` (commit the step trained last and get the next one: one
+round trip per step), so committed steps are always steps the trainer finished. Checkpoint: the coordinator's ``save_checkpoint`` after the
 throughput phase, once the last consumed step is committed; restore: a fresh coordinator
 (same config), ``load_checkpoint``, first step, compared with the step that followed the save
 (exact means no batch replayed). ``rebuild_s`` is the fresh coordinator's start (actors,
-loaders), timed apart. The consumer actor (the trainer: its tokenizer for the padding) is
-ready before the clock starts, as contender a's tokenizer is.
+loaders), timed apart. The consumer actor (the trainer, with its tokenizer for the padding)
+is ready before the clock starts; the rank actors load their own tokenizers inside it.
 """
 
 from __future__ import annotations
 
-import queue
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -32,7 +30,7 @@ NAMESPACE = "rl_data_bench"
 
 
 class CoordinatorConsumer:
-    """The trainer side (run as a Ray actor): steps prefetched by a thread, committed once trained."""
+    """The trainer side (run as a Ray actor): a ``StepPrefetcher`` keeps the next step ready."""
 
     def __init__(self, settings_json: str) -> None:
         from rl_data.energon.task_encoders.adapter import ProcessorAdapter
@@ -40,70 +38,32 @@ class CoordinatorConsumer:
 
         self.settings = BenchSettings.model_validate_json(settings_json)
         self.adapter = ProcessorAdapter(load_qwen3_tokenizer(), self.settings.max_sequence_length)
-        self._steps: queue.Queue = queue.Queue(maxsize=1)
-        self._lock = threading.Lock()  # orders commits sent by the thread and by save()
-        self._trained = self._committed = 0  # the last step handed to the trainer is being trained
-        self._in_flight: Any = None  # the thread's outstanding next_step call
 
-    def _start_prefetching(self, coordinator: Any) -> None:
-        threading.Thread(target=self._prefetch, args=(coordinator,), daemon=True).start()
-
-    def _prefetch(self, coordinator: Any) -> None:
-        import ray
-
-        timeout = self.settings.ray_timeout_s
-        while True:
-            try:
-                with self._lock:
-                    commit = self._trained if self._trained > self._committed else None
-                    self._in_flight = coordinator.next_step.remote(commit=commit)
-                    self._committed = max(self._committed, commit or 0)
-                step, refs = ray.get(self._in_flight, timeout=timeout)
-                batches = ray.get(refs, timeout=timeout)
-                pad_multiple = self.settings.sequence_length_pad_multiple
-                item: Any = (step, merge_step([training_batch(b, self.adapter, pad_multiple) for b in batches]))
-            except BaseException as error:  # surfaces in the trainer's next _next_step
-                item = (None, error)
-            self._steps.put(item)
-            if item[0] is None:
-                return
-
-    def _next_step(self, previous: list[int]) -> dict[str, Any]:
-        """The next prefetched step; the one returned before counts as trained from now on."""
-        self._trained = previous[0]
-        step, merged = self._steps.get(timeout=self.settings.ray_timeout_s)
-        if step is None:
-            raise merged
-        previous[0] = step
-        return merged
-
-    def _commit_trained(self, coordinator: Any, step: int) -> None:
-        import ray
-
-        with self._lock:  # after the thread's outstanding call, which may carry an older commit
-            ray.wait([self._in_flight], timeout=self.settings.ray_timeout_s)
-            ray.get(coordinator.commit.remote(step), timeout=self.settings.ray_timeout_s)
-            self._trained = self._committed = step
+    def _training_step(self, batches: list[Any]) -> dict[str, Any]:
+        pad_multiple = self.settings.sequence_length_pad_multiple
+        return merge_step([training_batch(b, self.adapter, pad_multiple) for b in batches])
 
     def measure(self, coordinator: Any, start_wall: float, checkpoint_dir: str) -> dict[str, Any]:
         import ray
 
+        from rl_data.distributed import StepPrefetcher
+
         start = time.perf_counter() - (time.time() - start_wall)
-        self._start_prefetching(coordinator)
-        previous = [0]
+        timeout = self.settings.ray_timeout_s
+        with StepPrefetcher(coordinator, transform=self._training_step, timeout_s=timeout) as steps:
 
-        def save() -> None:  # the trainer finished the last step it took: commit it, then save
-            self._commit_trained(coordinator, previous[0])
-            ray.get(coordinator.save_checkpoint.remote(checkpoint_dir), timeout=self.settings.ray_timeout_s)
+            def save() -> None:  # the trainer finished the last step it took: commit it, then save
+                steps.commit_trained()
+                ray.get(coordinator.save_checkpoint.remote(checkpoint_dir), timeout=timeout)
 
-        return consume(
-            lambda: self._next_step(previous),
-            start=start,
-            samples_target=self.settings.samples_per_run,
-            wait_steps=self.settings.wait_steps,
-            step_factor=self.settings.train_step_factor,
-            save=save,
-        )
+            return consume(
+                lambda: next(steps)[1],
+                start=start,
+                samples_target=self.settings.samples_per_run,
+                wait_steps=self.settings.wait_steps,
+                step_factor=self.settings.train_step_factor,
+                save=save,
+            )
 
     def restore_then_first(self, coordinator: Any, checkpoint_dir: str) -> tuple[list[str], float]:
         import ray

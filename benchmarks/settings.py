@@ -19,8 +19,11 @@ class BenchSettings(BaseModel):
     sequence_length_pad_multiple: int = Field(default=8, ge=1)
     packing_algorithm: str = "first_fit_decreasing"
     packing_buffer_size: int = Field(default=128, ge=1)
-    #: Samples each contender delivers in the throughput phase (no train step).
-    samples_per_run: int = Field(default=2_500, ge=1)
+    #: Samples each contender delivers in the throughput phase (no train step): long enough
+    #: that start-up (seconds) is a small share, as in a training job.
+    samples_per_run: int = Field(default=10_000, ge=1)
+    #: Rounds over all contenders; each contender's figures are from its fastest round.
+    rounds: int = Field(default=2, ge=1)
     #: Steps of the wait phase (simulated train step slower than production).
     wait_steps: int = Field(default=30, ge=3)
     #: Train step = this factor x the contender's own production time per step.
@@ -49,6 +52,7 @@ class BenchSettings(BaseModel):
             max_sequence_length=1024,
             packing_buffer_size=16,
             samples_per_run=48,
+            rounds=1,
             wait_steps=3,
             modes=("packed",),
             rank_counts=(1,),

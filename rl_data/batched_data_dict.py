@@ -5,14 +5,20 @@ Values are torch tensors (rows along dim 0), ``PackedTensor`` (one entry per row
 values alike. Pickling (and therefore Ray's object store) sends tensors as raw uint8 numpy
 buffers, which pickle protocol 5 / Ray move out of band, so a receiver gets its tensors
 without copying them; dtypes (including bfloat16) and shapes are restored exactly. This holds
-for top-level tensors and PackedTensors and for those nested in plain lists, tuples and dicts
-(``message_log`` token ids and per-message media); they arrive on the CPU.
+for tensors anywhere in the values (PackedTensors, ``message_log`` token ids and media nested
+in lists and dicts); they arrive on the CPU. Tensors under 64 KB travel concatenated, one
+buffer per dtype, and arrive as views of it: a 16-conversation message-log batch (~570
+tensors) pickles and unpickles in ~2.5 ms instead of ~15 ms.
 Tensors received through Ray alias the shared object store: ``clone()`` before writing into
 them in place.
 """
 
 from __future__ import annotations
 
+import copyreg
+import io
+import pickle
+import threading
 import warnings
 from collections import UserDict
 from collections.abc import Mapping, Sequence
@@ -194,8 +200,7 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         return taken
 
     def __reduce__(self):
-        encoded = {key: _encode(value) for key, value in self.data.items()}
-        return _rebuild_batched_data_dict, (type(self), encoded)
+        return _rebuild_batched_data_dict, (type(self), _encode_batched_data_dict(self.data))
 
 
 class SlicedDataDict(BatchedDataDict):
@@ -265,6 +270,12 @@ def _stack_values(key: str, values: list[Any], pad_value: int | float) -> Any:
     return out
 
 
+#: Tensors smaller than this travel in one shared buffer per dtype: a 16-conversation
+#: message-log batch holds ~570 token-id tensors, and one out-of-band buffer each made
+#: pickling plus Ray's put/get cost ~25 ms per batch.
+POOLED_TENSOR_MAX_BYTES = 1 << 16
+
+
 class _TensorBytes(NamedTuple):
     """A tensor as a flat uint8 numpy array plus what is needed to view it back."""
 
@@ -273,16 +284,18 @@ class _TensorBytes(NamedTuple):
     shape: tuple[int, ...]
 
 
-class _PackedRows(NamedTuple):
-    rows: list[_TensorBytes | None]
-    dim_to_pack: int
+class _Encoded(NamedTuple):
+    """A pickled BatchedDataDict: its values pickled with tensors replaced by references.
 
+    ``structure`` is one in-band pickle (lists, dicts, strings: no per-object work for Ray's
+    pickler); ``large`` holds tensors of at least ``POOLED_TENSOR_MAX_BYTES`` and ``pools`` one
+    concatenation of the smaller ones per dtype (with each one's element count), as raw buffers
+    that pickle protocol 5 / Ray move out of band.
+    """
 
-class _Nested(NamedTuple):
-    """A plain list, tuple or dict whose items were encoded (so nested tensors go out of band)."""
-
-    kind: type
-    items: list[Any] | dict[Any, Any]
+    structure: bytes
+    large: list[_TensorBytes]
+    pools: dict[torch.dtype, tuple[_TensorBytes, list[int]]]
 
 
 def _tensor_to_bytes(t: torch.Tensor) -> _TensorBytes:
@@ -298,33 +311,60 @@ def _tensor_from_bytes(b: _TensorBytes) -> torch.Tensor:
     return flat.view(b.dtype).reshape(b.shape)
 
 
-def _encode(value: Any) -> Any:
-    """Tensors as ``_TensorBytes``, recursing into PackedTensors and plain lists/tuples/dicts."""
-    if isinstance(value, torch.Tensor):
-        return _tensor_to_bytes(value)
-    if isinstance(value, PackedTensor):
-        rows = [None if t is None else _tensor_to_bytes(t) for t in value.tensors]
-        return _PackedRows(rows, value.dim_to_pack)
-    kind = type(value)
-    if kind is list or kind is tuple:
-        return _Nested(kind, [_encode(item) for item in value])
-    if kind is dict:
-        return _Nested(dict, {key: _encode(item) for key, item in value.items()})
-    return value
+class _TensorCollectingPickler(pickle.Pickler):
+    """Pickles everything but tensors, which it collects and replaces by references.
+
+    Tensors are found through a per-pickler ``dispatch_table`` entry, so the C pickler calls
+    back into Python only for tensors (a ``persistent_id`` hook is called for every object).
+    """
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.dispatch_table = {**copyreg.dispatch_table, torch.Tensor: self._reduce_tensor}
+        self.large: list[_TensorBytes] = []
+        self.pools: dict[torch.dtype, list[torch.Tensor]] = {}
+
+    def _reduce_tensor(self, t: torch.Tensor) -> tuple:
+        if t.nbytes >= POOLED_TENSOR_MAX_BYTES:
+            self.large.append(_tensor_to_bytes(t))
+            return _large_tensor, (len(self.large) - 1,)
+        pool = self.pools.setdefault(t.dtype, [])
+        if t.ndim == 1 and t.is_cpu and not t.requires_grad:
+            pool.append(t)
+        else:
+            pool.append(t.detach().cpu().reshape(-1))
+        return _pooled_tensor, (t.dtype, len(pool) - 1, tuple(t.shape))
 
 
-def _decode(value: Any) -> Any:
-    if isinstance(value, _TensorBytes):
-        return _tensor_from_bytes(value)
-    if isinstance(value, _PackedRows):
-        rows = [None if r is None else _tensor_from_bytes(r) for r in value.rows]
-        return PackedTensor(rows, value.dim_to_pack)
-    if isinstance(value, _Nested):
-        if value.kind is dict:
-            return {key: _decode(item) for key, item in value.items.items()}
-        return value.kind(_decode(item) for item in value.items)
-    return value
+#: The buffers of the BatchedDataDict being unpickled on this thread (see ``_rebuild_batched_data_dict``).
+_unpickling = threading.local()
 
 
-def _rebuild_batched_data_dict(cls: type, encoded: dict[str, Any]) -> BatchedDataDict:
-    return cls({key: _decode(value) for key, value in encoded.items()})
+def _large_tensor(index: int) -> torch.Tensor:
+    return _tensor_from_bytes(_unpickling.encoded.large[index])
+
+
+def _pooled_tensor(dtype: torch.dtype, index: int, shape: tuple[int, ...]) -> torch.Tensor:
+    flat = _unpickling.pools[dtype][index]
+    return flat if len(shape) == 1 else flat.view(shape)
+
+
+def _encode_batched_data_dict(data: Mapping[str, Any]) -> _Encoded:
+    stream = io.BytesIO()
+    pickler = _TensorCollectingPickler(stream)
+    pickler.dump(dict(data))
+    pools = {
+        dtype: (_tensor_to_bytes(torch.cat(parts)), [part.numel() for part in parts])
+        for dtype, parts in pickler.pools.items()
+    }
+    return _Encoded(stream.getvalue(), pickler.large, pools)
+
+
+def _rebuild_batched_data_dict(cls: type, encoded: _Encoded) -> BatchedDataDict:
+    outer = getattr(_unpickling, "encoded", None), getattr(_unpickling, "pools", None)
+    _unpickling.encoded = encoded
+    _unpickling.pools = {dtype: torch.split(_tensor_from_bytes(data), sizes) for dtype, (data, sizes) in encoded.pools.items()}
+    try:
+        return cls(pickle.loads(encoded.structure))
+    finally:  # a BatchedDataDict nested in another one is rebuilt while its parent unpickles
+        _unpickling.encoded, _unpickling.pools = outer

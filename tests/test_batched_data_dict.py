@@ -462,22 +462,87 @@ def test_pickling_a_slice_sends_only_its_rows():
     assert len(payload) < part["x"].nbytes + 1024  # 5 KB of rows, not the 5 MB storage
 
 
+def _received(buffers):
+    """The out-of-band buffers as a receiver gets them (read-only copies), and their address ranges."""
+    readonly = [pickle.PickleBuffer(bytes(memoryview(b))) for b in buffers]
+    ranges = []
+    for b in readonly:
+        array = np.frombuffer(memoryview(b), dtype=np.uint8)
+        ranges.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+    return readonly, ranges
+
+
+def _inside(tensor, ranges):
+    return any(lo <= tensor.data_ptr() and tensor.data_ptr() + tensor.nbytes <= hi for lo, hi in ranges)
+
+
 def test_protocol5_moves_tensor_bytes_out_of_band_and_loads_without_copying():
     batch = every_dtype_batch()
     buffers = []
     stream = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
-    nonempty = [k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.numel()]
-    assert len(buffers) >= len(nonempty)
-    assert sum(memoryview(b).nbytes for b in buffers) == sum(
-        v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)
-    ) + sum(t.nbytes for t in batch["pix"].tensors if t is not None)
+    tensor_bytes = sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+    assert sum(memoryview(b).nbytes for b in buffers) == tensor_bytes + sum(
+        t.nbytes for t in batch["pix"].tensors if t is not None
+    )
+    assert len(buffers) <= len(ALL_DTYPES) + 1  # small tensors: one buffer per dtype
     assert len(stream) < 4096  # only metadata stays in band
 
-    readonly = [pickle.PickleBuffer(bytes(memoryview(b))) for b in buffers]
+    readonly, ranges = _received(buffers)
     restored = pickle.loads(stream, buffers=readonly)
     assert_bitwise_same(restored, batch)
-    buffer_addresses = {np.frombuffer(memoryview(b), dtype=np.uint8).ctypes.data for b in readonly}
-    assert restored["float32"].data_ptr() in buffer_addresses  # views the received buffer
+    assert all(_inside(restored[k], ranges) for k in ("float32", "bfloat16", "transposed"))  # views, no copy
+
+
+def message_log_batch(num_rows=16, turns=30):
+    logs = [
+        [
+            {"role": "user" if t % 2 == 0 else "assistant", "content": f"turn {t}", "token_ids": torch.arange(t + r, 2 * t + r + 5)}
+            for t in range(turns)
+        ]
+        for r in range(num_rows)
+    ]
+    return BatchedDataDict(
+        {
+            "message_log": logs,
+            "loss_multiplier": torch.ones(num_rows),
+            "big": torch.arange(num_rows * 10_000, dtype=torch.int32).reshape(num_rows, 10_000),
+            "source_ids": [f"s{r}" for r in range(num_rows)],
+        }
+    )
+
+
+def test_many_small_nested_tensors_travel_as_one_buffer_per_dtype():
+    batch = message_log_batch()
+    buffers = []
+    stream = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    # int64 token ids (480 tensors) pooled, float32 multipliers pooled, the 640 KB tensor alone
+    assert sorted(memoryview(b).nbytes for b in buffers) == sorted(
+        [
+            sum(m["token_ids"].nbytes for log in batch["message_log"] for m in log),
+            batch["loss_multiplier"].nbytes,
+            batch["big"].nbytes,
+        ]
+    )
+    readonly, ranges = _received(buffers)
+    restored = pickle.loads(stream, buffers=readonly)
+    as_lists = lambda logs: [[{**m, "token_ids": m["token_ids"].tolist()} for m in log] for log in logs]  # noqa: E731
+    assert as_lists(restored["message_log"]) == as_lists(batch["message_log"])
+    assert_same({k: v for k, v in restored.items() if k != "message_log"}, {k: v for k, v in batch.items() if k != "message_log"})
+    assert all(_inside(m["token_ids"], ranges) for log in restored["message_log"] for m in log)
+    assert _inside(restored["big"], ranges)
+
+
+def test_a_tensor_met_twice_is_sent_once_and_nested_dicts_round_trip():
+    shared = torch.arange(5)
+    inner = BatchedDataDict({"x": torch.ones(2, 3), "names": ["a", "b"]})
+    batch = BatchedDataDict({"a": [shared, shared], "inner": [inner, inner], "grad": [torch.ones(3, requires_grad=True)]})
+    buffers = []
+    restored = pickle.loads(pickle.dumps(batch, protocol=5, buffer_callback=buffers.append), buffers=buffers)
+    first, second = restored["a"]
+    assert first is second and torch.equal(first, shared)
+    assert type(restored["inner"][0]) is BatchedDataDict and restored["inner"][0] is restored["inner"][1]
+    assert_same(restored["inner"][0], inner)
+    assert not restored["grad"][0].requires_grad and torch.equal(restored["grad"][0], torch.ones(3))
 
 
 @pytest.mark.timeout(120)

@@ -193,7 +193,17 @@ def test_plain_renderer_leaves_what_it_does_not_model_to_jinja(tokenizer):
 def test_real_conversations_are_tokenized_in_one_call_split_at_turn_starts(tokenizer, chat_conversations):
     calls = []
 
+    class CountingBackend:
+        def __getattr__(self, name):
+            return getattr(tokenizer.backend_tokenizer, name)
+
+        def encode_batch_fast(self, texts, **kwargs):
+            calls.extend(texts)
+            return tokenizer.backend_tokenizer.encode_batch_fast(texts, **kwargs)
+
     class CountingTokenizer:
+        backend_tokenizer = CountingBackend()
+
         def __getattr__(self, name):
             return getattr(tokenizer, name)
 
@@ -209,6 +219,17 @@ def test_real_conversations_are_tokenized_in_one_call_split_at_turn_starts(token
         assert [len(m["token_ids"]) for m in log] == [len(tokenizer(m["content"])["input_ids"]) for m in log]
 
 
+def test_the_rust_backend_is_called_directly_only_when_it_encodes_like_the_tokenizer(tokenizer, chat_conversations):
+    conversations = [c["messages"] for c in chat_conversations[:50]]
+    direct = [get_formatted_message_log(messages, tokenizer) for messages in conversations]
+    truncating = copy.deepcopy(tokenizer)
+    truncating.backend_tokenizer.enable_truncation(max_length=8)  # the backend alone would cut every text
+    through_call = [get_formatted_message_log(messages, truncating) for messages in conversations]
+    for first, second in zip(direct, through_call):
+        assert_same_message_logs(first, second)
+    assert max(sum(len(m["token_ids"]) for m in log) for log in direct) > 8
+
+
 def test_turns_after_a_mid_conversation_generation_prompt_are_encoded_apart(tokenizer):
     # "assistant\n" + "\n\nHi": in one text the newlines merge into one token across the turn boundary
     messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "\n\nHi"}]
@@ -221,7 +242,8 @@ def test_turns_after_a_mid_conversation_generation_prompt_are_encoded_apart(toke
 
 def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenizer):
     messages = SYNTHETIC["system_prompt"]
-    assert chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer) == [[151644, 64], [151644, 65]]
+    split = chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer)
+    assert [ids.tolist() for ids in split] == [[151644, 64], [151644, 65]]
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = CHATML_TEMPLATE
     plain.convert_tokens_to_ids = lambda token: None

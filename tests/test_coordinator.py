@@ -240,3 +240,11 @@ def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session
         time.sleep(0.1)
     else:
         raise AssertionError("the coordinator that failed to start is still registered")
+
+
+def test_the_coordinator_module_imports_without_torch():
+    # the coordinator process imports torch in the background while its ranks start (~1 CPU-s)
+    code = "import sys, rl_data.distributed.coordinator, rl_data.distributed; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"

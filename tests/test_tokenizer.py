@@ -84,6 +84,17 @@ def test_saved_folder_loads_offline_with_auto_tokenizer(built_dir, monkeypatch):
     assert json.loads((built_dir / qwen.BUILD_STAMP_FILE).read_text()) == qwen.build_stamp()
 
 
+def test_loading_never_parses_the_large_tokenizer_json_in_python(built_dir, monkeypatch, tokenizer):
+    # the added tokens are in tokenizer_config.json, so only the Rust backend reads tokenizer.json
+    parsed = []
+    real_load = json.load
+    monkeypatch.setattr(json, "load", lambda f, *a, **k: parsed.append(Path(f.name).name) or real_load(f, *a, **k))
+    loaded = AutoTokenizer.from_pretrained(str(built_dir))
+    assert "tokenizer.json" not in parsed and "tokenizer_config.json" in parsed
+    assert loaded.added_tokens_decoder == tokenizer.added_tokens_decoder
+    assert [loaded.convert_tokens_to_ids(c) for _, c, _ in qwen.QWEN3_ADDED_TOKENS] == [i for i, _, _ in qwen.QWEN3_ADDED_TOKENS]
+
+
 def test_assistant_tokens_mask_covers_assistant_content_calls_and_end(tokenizer):
     messages = [
         {"role": "system", "content": "Be brief."},

@@ -1,4 +1,10 @@
-"""Distributed runtime: rank actors per logical DP rank, coordinator, checkpoints, transfer."""
+"""Distributed runtime: rank actors per logical DP rank, coordinator, checkpoints, transfer.
+
+Importing it does not import torch (the coordinator process starts faster without it); the
+torch-based ``batch_to_device`` and ``fetch_batch`` load on first use.
+"""
+
+from typing import Any
 
 from rl_data.distributed.checkpoint_files import (
     CheckpointFileError,
@@ -22,7 +28,7 @@ from rl_data.distributed.placement import (
     placement_layout,
 )
 from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
-from rl_data.distributed.transfer import batch_to_device, fetch_batch
+from rl_data.distributed.step_prefetcher import StepPrefetcher
 
 __all__ = [
     "CheckpointFileError",
@@ -37,6 +43,7 @@ __all__ = [
     "RankPlacement",
     "RankTimeoutError",
     "RuntimeConfig",
+    "StepPrefetcher",
     "adopt_placement_group",
     "attach",
     "batch_to_device",
@@ -50,3 +57,11 @@ __all__ = [
     "save_checkpoint_file",
     "start_data_coordinator",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("batch_to_device", "fetch_batch"):
+        from rl_data.distributed import transfer
+
+        return getattr(transfer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

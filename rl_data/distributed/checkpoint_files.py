@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 CHECKPOINT_FILENAME = "rl_data_state.pt"
 FILE_FORMAT = "rl_data.checkpoint"
 FILE_FORMAT_VERSION = 1
@@ -37,8 +35,10 @@ def checkpoint_path(directory: str | os.PathLike) -> Path:
 
 def content_digest(content: Any) -> str:
     """sha256 hex over a canonical byte stream of ``content`` (types and values)."""
+    import torch  # here, not at module level: the coordinator process starts without torch
+
     digest = hashlib.sha256()
-    _feed(digest, content, "content")
+    _feed(digest, content, "content", torch)
     return digest.hexdigest()
 
 
@@ -52,6 +52,8 @@ def save_checkpoint_file(path: str | os.PathLike, content: Mapping[str, Any]) ->
         "sha256": content_digest(content),
         "content": dict(content),
     }
+    import torch
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -77,6 +79,8 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             "checkpoint to start from the beginning of the data"
         )
     size = path.stat().st_size
+    import torch
+
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -105,7 +109,7 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     return record["content"]
 
 
-def _feed(digest: Any, value: Any, where: str) -> None:
+def _feed(digest: Any, value: Any, where: str, torch: Any) -> None:
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
         digest.update(f"T{value.dtype}{tuple(value.shape)};".encode())
@@ -115,12 +119,12 @@ def _feed(digest: Any, value: Any, where: str) -> None:
         for key in sorted(value, key=lambda k: (type(k).__name__, str(k))):
             if not isinstance(key, str):
                 raise TypeError(f"checkpoint key {key!r} at {where} is not a str")
-            _feed(digest, key, where)
-            _feed(digest, value[key], f"{where}.{key}")
+            _feed(digest, key, where, torch)
+            _feed(digest, value[key], f"{where}.{key}", torch)
     elif isinstance(value, (list, tuple)):
         digest.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
         for i, item in enumerate(value):
-            _feed(digest, item, f"{where}[{i}]")
+            _feed(digest, item, f"{where}[{i}]", torch)
     elif isinstance(value, str):
         encoded = value.encode()
         digest.update(f"S{len(encoded)};".encode() + encoded)

@@ -8,6 +8,13 @@
     ...                                     # train on step `step`
     feed.commit(step)                       # the checkpoint now includes this step
 
+or, with the next step fetched while the current one trains (commits piggybacked on requests):
+
+    with feed.prefetched_steps() as steps:
+        for step, batches in steps:         # one BatchedDataDict per logical rank
+            ...                             # train; asking for the next step marks this one trained
+            steps.commit_trained()          # before a checkpoint
+
 ``get_coordinator`` returns the raw actor handle; :func:`attach` also connects the driver and
 wraps the handle in a :class:`CoordinatorClient` whose calls wait with a timeout.
 """
@@ -65,6 +72,12 @@ class CoordinatorClient:
     def commit(self, step: int) -> None:
         """Mark every step up to ``step`` consumed (call after the training step finished)."""
         self._get(self.handle.commit.remote(step))
+
+    def prefetched_steps(self, *, transform: Any = None, fetch: bool = True) -> Any:
+        """A :class:`~rl_data.distributed.step_prefetcher.StepPrefetcher` over this coordinator."""
+        from rl_data.distributed.step_prefetcher import StepPrefetcher
+
+        return StepPrefetcher(self.handle, transform=transform, fetch=fetch, timeout_s=self.timeout_s)
 
     def status(self) -> dict[str, Any]:
         """Handed-out and committed steps, restarts and what every rank is doing."""

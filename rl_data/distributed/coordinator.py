@@ -22,7 +22,9 @@ batch of DP rank r. The shard -> DP-rank mapping belongs here, not in rank actor
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -66,6 +68,9 @@ class DataCoordinator:
         self._restarts = [0] * config.world_size
         self._instance = os.urandom(3).hex()  # rank actor names never collide with a previous run's
         self._ranks = [self._spawn(r) for r in range(config.world_size)]
+        # Rank states and checkpoint files need torch (~1 CPU-s to import): import it while the
+        # ranks start instead of when their first state arrives.
+        threading.Thread(target=importlib.import_module, args=("torch",), name="import-torch", daemon=True).start()
         self._lock = asyncio.Lock()
         self._committed_step = 0
         self._committed_states: list[dict[str, Any]] = []
