@@ -10,14 +10,12 @@ first batch (exact, so no batch is replayed); building the fresh loader is timed
 
 from __future__ import annotations
 
-import io
 import time
 from typing import Any
 
-import torch
 
 from benchmarks.encoding import training_batch
-from benchmarks.measure import PeakMemory, consume
+from benchmarks.measure import PeakMemory, SavedState, consume
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import Workload
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
@@ -56,12 +54,7 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: fl
     """Measure contender a (see :func:`benchmarks.measure.consume`); ``start``: when the clock started."""
     kwargs = loader_kwargs(workload, settings, packing=packing)
     pad_multiple = settings.sequence_length_pad_multiple
-    saved: dict[str, bytes] = {}
-
-    def save() -> None:
-        buffer = io.BytesIO()
-        torch.save(loader.state_dict(), buffer)
-        saved["state"] = buffer.getvalue()
+    saved = SavedState()
 
     with PeakMemory() as memory:
         tokenizer = load_qwen3_tokenizer()
@@ -74,18 +67,18 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: fl
             samples_target=settings.samples_per_run,
             wait_steps=settings.wait_steps,
             step_factor=settings.train_step_factor,
-            save=save,
+            save=lambda: saved.save(loader.state_dict()),
         )
     begin = time.perf_counter()
     restored = build_energon_sft_loader(processor=tokenizer, **kwargs)
     result["rebuild_s"] = time.perf_counter() - begin
     begin = time.perf_counter()
-    restored.load_state_dict(torch.load(io.BytesIO(saved["state"]), weights_only=True))
+    restored.load_state_dict(saved.load(weights_only=True))
     first = training_batch(next(iter(restored)), adapter, pad_multiple)
     result["checkpoint_restore_s"] = time.perf_counter() - begin
     result["restore_exact"] = first["ids"] == result.pop("expected_ids_after_restore")
     result["batches_replayed_on_restore"] = 0 if result["restore_exact"] else None
-    result["checkpoint_bytes"] = len(saved["state"])
+    result["checkpoint_bytes"] = len(saved.data)
     result["peak_memory_mb"] = memory.peak_mb
     result["cpu_layout"] = "1 fresh process, 0 Energon workers"
     return result

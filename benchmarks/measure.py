@@ -22,6 +22,7 @@ what the trainer computes on is real data: padding to the longest row, or pack u
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
+import torch
 
 from benchmarks.encoding import touch
 
@@ -100,6 +102,21 @@ def consume(
         "batches_before_save": steps + 1,
         "expected_ids_after_restore": expected_ids,
     }
+
+
+class SavedState:
+    """An in-process contender's checkpoint: ``torch.save`` bytes of its loader state."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def save(self, state: Any) -> None:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self.data = buffer.getvalue()
+
+    def load(self, *, weights_only: bool) -> Any:
+        return torch.load(io.BytesIO(self.data), weights_only=weights_only)
 
 
 class PeakMemory:

@@ -14,7 +14,6 @@ without loading data, so no batch is replayed. Building the fresh loader is time
 from __future__ import annotations
 
 import functools
-import io
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from benchmarks.encoding import collate_packed, collate_unpacked, encode_line
-from benchmarks.measure import PeakMemory, consume
+from benchmarks.measure import PeakMemory, SavedState, consume
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import Workload
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
@@ -82,12 +81,7 @@ def build_loader(workload: Workload, settings: BenchSettings, *, packing: bool, 
 
 def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: float) -> dict[str, Any]:
     """Measure contender d (see :func:`benchmarks.measure.consume`); ``start``: when the clock started."""
-    saved: dict[str, bytes] = {}
-
-    def save() -> None:
-        buffer = io.BytesIO()
-        torch.save(loader.state_dict(), buffer)
-        saved["state"] = buffer.getvalue()
+    saved = SavedState()
 
     with PeakMemory() as memory:
         tokenizer = load_qwen3_tokenizer()
@@ -99,21 +93,21 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: fl
             samples_target=settings.samples_per_run,
             wait_steps=settings.wait_steps,
             step_factor=settings.train_step_factor,
-            save=save,
+            save=lambda: saved.save(loader.state_dict()),
         )
     del batches
     begin = time.perf_counter()
     restored = build_loader(workload, settings, packing=packing, tokenizer=tokenizer)
     result["rebuild_s"] = time.perf_counter() - begin
     begin = time.perf_counter()
-    restored.load_state_dict(torch.load(io.BytesIO(saved["state"]), weights_only=False))
+    restored.load_state_dict(saved.load(weights_only=False))
     restored_batches = iter(restored)
     first = next(restored_batches)
     result["checkpoint_restore_s"] = time.perf_counter() - begin
     del restored_batches
     result["restore_exact"] = first["ids"] == result.pop("expected_ids_after_restore")
     result["batches_replayed_on_restore"] = 0 if result["restore_exact"] else None
-    result["checkpoint_bytes"] = len(saved["state"])
+    result["checkpoint_bytes"] = len(saved.data)
     result["peak_memory_mb"] = memory.peak_mb
     result["cpu_layout"] = f"1 fresh process + {settings.parallelism} DataLoader workers"
     return result

@@ -7,10 +7,10 @@ runtime test compares the sample ids it consumed with what an uninterrupted load
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 
@@ -82,19 +82,7 @@ def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwa
         with contextlib.suppress(Exception):
             ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
         ray.kill(handle, no_restart=True)
-        _wait_until_name_is_free(ray, config.name, config.namespace)
-
-
-def _wait_until_name_is_free(ray: Any, name: str, namespace: str) -> None:
-    """ray.kill is asynchronous; the next test may reuse the coordinator's name."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=namespace)
-        except ValueError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"actor name {name!r} is still taken {TIMEOUT_S} s after the kill")
+        wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
 
 
 def consume(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> list[list[list[str]]]:

@@ -12,7 +12,13 @@ from rl_data.distributed.checkpoint_files import (
     load_checkpoint_file,
     save_checkpoint_file,
 )
-from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, attach, get_coordinator
+from rl_data.distributed.client import (
+    CoordinatorClient,
+    CoordinatorNotFoundError,
+    attach,
+    get_coordinator,
+    wait_until_name_is_free,
+)
 from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.distributed.coordinator import (
     DataCoordinator,
@@ -56,6 +62,7 @@ __all__ = [
     "placement_layout",
     "save_checkpoint_file",
     "start_data_coordinator",
+    "wait_until_name_is_free",
 ]
 
 

@@ -22,9 +22,13 @@ wraps the handle in a :class:`CoordinatorClient` whose calls wait with a timeout
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import time
+from typing import TYPE_CHECKING, Any, Optional
 
 from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from rl_data.distributed.step_prefetcher import StepPrefetcher
 
 
 class CoordinatorNotFoundError(LookupError):
@@ -53,6 +57,23 @@ def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
         ) from None
 
 
+def wait_until_name_is_free(name: str, namespace: str, timeout_s: float) -> None:
+    """Wait until no actor is registered as ``name`` in ``namespace`` (``ray.kill`` is asynchronous).
+
+    Call it after killing a coordinator before starting another one of the same name.
+    """
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"actor name {name!r} in namespace {namespace!r} is still taken {timeout_s:g} s after the kill")
+
+
 class CoordinatorClient:
     """Blocking, timed calls on a running ``DataCoordinator`` (see :meth:`DataCoordinator.next_step`)."""
 
@@ -73,7 +94,7 @@ class CoordinatorClient:
         """Mark every step up to ``step`` consumed (call after the training step finished)."""
         self._get(self.handle.commit.remote(step))
 
-    def prefetched_steps(self, *, transform: Any = None, fetch: bool = True) -> Any:
+    def prefetched_steps(self, *, transform: Any = None, fetch: bool = True) -> "StepPrefetcher":
         """A :class:`~rl_data.distributed.step_prefetcher.StepPrefetcher` over this coordinator."""
         from rl_data.distributed.step_prefetcher import StepPrefetcher
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from rich.console import Console
 
+from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.jobs.config import TrainDemoConfig
 from rl_data.jobs.exactness import compare_continuation
@@ -134,21 +135,7 @@ def _training_run(
             ray.kill(coordinator, no_restart=True)
         for trainer in trainers:
             ray.kill(trainer, no_restart=True)
-        _wait_until_name_is_free(runtime.name, runtime.namespace, timeout_s=config.step_timeout_s)
-
-
-def _wait_until_name_is_free(name: str, namespace: str, timeout_s: float) -> None:
-    """``ray.kill`` is asynchronous; the next run registers the same coordinator name."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=namespace)
-        except ValueError:
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"actor name {name!r} in namespace {namespace!r} is still taken {timeout_s:g} s after the kill")
+        wait_until_name_is_free(runtime.name, runtime.namespace, timeout_s=config.step_timeout_s)
 
 
 def _steps(console: Console, config: TrainDemoConfig, coordinator: Any, trainers: list[Any], count: int, label: str) -> list[StepRecord]:
