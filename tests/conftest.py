@@ -60,14 +60,20 @@ def corrupt_energon_dataset(tmp_path_factory, chat_conversations):
 def ray_session():
     """A private local Ray instance shared by the whole test session.
 
-    Its metrics agent exports Prometheus metrics on a free port (``metrics_port``) and
-    reports every second instead of every 10 s.
+    Its session folder is below ``ray_head.TEST_RAY_ROOT`` (removed at the end), never in the
+    ``/tmp/ray`` of other Ray clusters on the machine, its metrics agent
+    exports Prometheus metrics on a free port (``metrics_port``) and reports every second
+    instead of every 10 s.
     """
+    import shutil
     import socket
 
     import ray
+    from ray_head import private_ray_dir
 
+    temp_dir = None
     if not ray.is_initialized():
+        temp_dir = private_ray_dir("session-")
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             free_port = probe.getsockname()[1]
@@ -80,9 +86,12 @@ def ray_session():
             configure_logging=False,
             _metrics_export_port=free_port,
             _system_config={"metrics_report_interval_ms": 1000},
+            _temp_dir=temp_dir,
         )
     yield ray
     ray.shutdown()
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
