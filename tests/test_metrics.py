@@ -32,6 +32,8 @@ def test_batch_stats_of_unpacked_sft_and_preference_batches():
         loss_multiplier=torch.ones(1),
     )
     assert batch_stats(preference) == BatchStats(samples=1, non_pad_tokens=9, packing_efficiency=None)
+    truncated = BatchedDataDict(message_log=[[_message(4)], [_message(2)], [_message(3)]], loss_multiplier=torch.tensor([1.0, 0.0, 0.0]))
+    assert batch_stats(truncated) == BatchStats(samples=3, non_pad_tokens=9, packing_efficiency=None, zero_loss_samples=2)
     with pytest.raises(
         ValueError,
         match=r"cannot measure a batch with keys \['input_ids'\]; expected 'packing_metrics' \(packed SFT\) or 'message_log\*' columns",

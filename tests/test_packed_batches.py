@@ -86,8 +86,8 @@ def test_collate_packs_right_pads_rows_and_derives_sample_mask():
     assert [t.tolist() for t in batch["cu_seqlens_padded"].tensors] == [[0, 8, 12], [0, 4]]
     assert batch["source_ids"] == [["a", "b"], ["c"]]
     assert batch["packing_metrics"] == [
-        {"num_sequences": 2, "tokens": 8, "padded_tokens": 12, "capacity": 16, "utilization": 0.5},
-        {"num_sequences": 1, "tokens": 3, "padded_tokens": 4, "capacity": 16, "utilization": 3 / 16},
+        {"num_sequences": 2, "zero_loss_sequences": 0, "tokens": 8, "padded_tokens": 12, "capacity": 16, "utilization": 0.5},
+        {"num_sequences": 1, "zero_loss_sequences": 1, "tokens": 3, "padded_tokens": 4, "capacity": 16, "utilization": 3 / 16},
     ]
     assert batch.size == 2
     assert "source_ids" not in collate_packs([full], pad_token_id=PAD, capacity=16, source_ids=None)

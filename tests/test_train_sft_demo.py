@@ -19,7 +19,7 @@ from rl_data.jobs.exactness import compare_continuation
 from rl_data.jobs.inspect_checkpoint import load_job_config
 from rl_data.jobs.ray_cluster import ClusterInfo, local_cpus, trainer_gpus
 from rl_data.jobs.steps import StepRecord
-from rl_data.jobs.summary import step_totals
+from rl_data.jobs.summary import step_totals, zero_loss_line
 from rl_data.jobs.trainer import TrainingActor
 
 NAMESPACE = "rl_data_demo_tests"
@@ -85,6 +85,7 @@ def test_demo_preprocesses_trains_checkpoints_restarts_and_proves_the_continuati
     assert totals.samples == sum(len(ids) for step in consumed for b in step for ids in b["source_ids"])
     assert totals.tokens == sum(m["tokens"] for m in metrics)
     assert totals.trained_tokens == sum(int(b["token_mask"].sum()) for step in consumed for b in step)
+    assert totals.zero_loss_samples == sum(m["zero_loss_sequences"] for m in metrics)
     assert totals.packing_efficiency == pytest.approx(sum(m["tokens"] for m in metrics) / (512 * len(metrics)))
     assert summary.skipped_samples == 0 and summary.devices == ["cpu", "cpu"]
 
@@ -119,6 +120,9 @@ def test_training_actor_flattens_message_logs_and_reports_what_it_consumed(ray_s
     assert report["pack_capacity"] == 0 and (report["rank"], report["step"]) == (0, 1)
     again = TrainingActor(rank=0, pad_token_id=tokenizer.pad_token_id).train_step(1, [ray_session.put(batch)])
     assert 0 < report["loss"] == again["loss"]  # fixed seed: same batch, same loss
+    assert report["zero_loss_samples"] == 0
+    batch["loss_multiplier"][1] = 0.0  # as if the second conversation had been over length
+    assert trainer.train_step(2, [ray_session.put(batch)], timeout_s=TIMEOUT_S)["zero_loss_samples"] == 1
 
 
 def test_existing_dataset_is_reused_and_a_folder_that_is_no_dataset_is_refused(energon_dataset, tmp_path):
@@ -167,12 +171,20 @@ def test_compare_continuation_lists_every_difference():
 
 
 def test_step_totals_and_resource_choices():
-    def report(ids, tokens, capacity):
-        return {"source_ids": ids, "tokens": tokens, "trained_tokens": tokens // 2, "pack_capacity": capacity}
+    def report(ids, tokens, capacity, zero_loss=0):
+        return {"source_ids": ids, "tokens": tokens, "trained_tokens": tokens // 2, "pack_capacity": capacity,
+                "zero_loss_samples": zero_loss}
 
-    packed = [StepRecord(1, [report([["a", "b"], ["c"]], 300, 1024), report([["d"]], 100, 512)], 0.5)]
+    packed = [StepRecord(1, [report([["a", "b"], ["c"]], 300, 1024, 1), report([["d"]], 100, 512)], 0.5)]
     totals = step_totals(packed)
     assert (totals.steps, totals.samples, totals.tokens, totals.trained_tokens) == (1, 4, 400, 200)
+    assert totals.zero_loss_samples == 1
+    assert zero_loss_line(totals) == (
+        "1 of 4 (25.0%) over the sequence length, cut, loss 0 - WARNING: that much training signal is lost; "
+        "raise --seq-len or filter long conversations"
+    )
+    quiet = step_totals([StepRecord(1, [report([str(i) for i in range(40)], 10, 0, 2)], 1.0)])
+    assert zero_loss_line(quiet) == "2 of 40 (5.0%) over the sequence length, cut, loss 0"
     assert totals.packing_efficiency == 400 / 1536 and totals.tokens_per_s == 800
     assert step_totals([StepRecord(1, [report(["a", "b"], 10, 0)], 1.0)]).packing_efficiency is None
 

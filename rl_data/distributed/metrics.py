@@ -8,7 +8,9 @@ actor or coordinator process) and exported by each node's metrics agent as Prome
   ``rl_data_rank_batches``, ``rl_data_rank_samples``, ``rl_data_rank_non_pad_tokens`` (counters of
   what ``next_batch`` handed out), ``rl_data_rank_packing_efficiency`` (gauge: real tokens / pack
   capacity of the last handed-out packed batch), ``rl_data_rank_skipped_samples`` (counter of bad
-  samples the loader skipped), ``rl_data_rank_prefetch_depth`` (gauge: batches ready),
+  samples the loader skipped), ``rl_data_rank_zero_loss_samples`` (counter of handed-out samples
+  with ``loss_multiplier`` 0: over-length samples cut to stubs, trained on nothing),
+  ``rl_data_rank_prefetch_depth`` (gauge: batches ready),
   ``rl_data_rank_blocked_seconds`` (counter: time ``next_batch`` waited for a batch);
 * per coordinator, tag ``coordinator``: ``rl_data_coordinator_steps`` (counter of steps handed
   out), ``rl_data_coordinator_step_latency_seconds`` (histogram of ``next_step`` wall time),
@@ -33,11 +35,16 @@ RestoreKind = Literal["checkpoint", "rank_recovery"]
 
 @dataclass(frozen=True)
 class BatchStats:
-    """Source samples, real (non-pad) tokens and, for packed batches, real tokens / capacity."""
+    """Source samples, real (non-pad) tokens and, for packed batches, real tokens / capacity.
+
+    ``zero_loss_samples``: samples with ``loss_multiplier`` 0 (cut to stubs for being over
+    length), counted in ``samples`` too: they are handed out but train nothing.
+    """
 
     samples: int
     non_pad_tokens: int
     packing_efficiency: Optional[float]
+    zero_loss_samples: int = 0
 
 
 def batch_stats(batch: Any) -> BatchStats:
@@ -54,6 +61,7 @@ def batch_stats(batch: Any) -> BatchStats:
             samples=sum(int(p["num_sequences"]) for p in packs),
             non_pad_tokens=tokens,
             packing_efficiency=tokens / capacity if capacity else 0.0,
+            zero_loss_samples=sum(int(p.get("zero_loss_sequences", 0)) for p in packs),
         )
     columns = [key for key in batch if key.startswith("message_log")]
     if not columns:
@@ -62,7 +70,11 @@ def batch_stats(batch: Any) -> BatchStats:
             "(packed SFT) or 'message_log*' columns (unpacked SFT, preference)"
         )
     tokens = sum(int(m["token_ids"].numel()) for key in columns for log in batch[key] for m in log)
-    return BatchStats(samples=len(batch[columns[0]]), non_pad_tokens=tokens, packing_efficiency=None)
+    multipliers = batch.get("loss_multiplier")
+    zero_loss = int((multipliers == 0).sum()) if multipliers is not None else 0
+    return BatchStats(
+        samples=len(batch[columns[0]]), non_pad_tokens=tokens, packing_efficiency=None, zero_loss_samples=zero_loss
+    )
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,7 @@ class _Definitions:
     rank_non_pad_tokens: Any
     rank_packing_efficiency: Any
     rank_skipped_samples: Any
+    rank_zero_loss_samples: Any
     rank_prefetch_depth: Any
     rank_blocked_seconds: Any
     coordinator_steps: Any
@@ -93,6 +106,9 @@ def _definitions() -> _Definitions:
             "rl_data_rank_packing_efficiency", "Real tokens / pack capacity of the last packed batch", RANK_TAGS
         ),
         rank_skipped_samples=Counter("rl_data_rank_skipped_samples", "Bad samples skipped by the loader", RANK_TAGS),
+        rank_zero_loss_samples=Counter(
+            "rl_data_rank_zero_loss_samples", "Handed-out samples with loss_multiplier 0 (over length, cut)", RANK_TAGS
+        ),
         rank_prefetch_depth=Gauge("rl_data_rank_prefetch_depth", "Batches produced and ready to hand out", RANK_TAGS),
         rank_blocked_seconds=Counter(
             "rl_data_rank_blocked_seconds", "Seconds next_batch waited for a batch to be produced", RANK_TAGS
@@ -134,6 +150,8 @@ class RankMetrics:
             metrics.rank_samples.inc(stats.samples, self._tags)
         if stats.non_pad_tokens:
             metrics.rank_non_pad_tokens.inc(stats.non_pad_tokens, self._tags)
+        if stats.zero_loss_samples:
+            metrics.rank_zero_loss_samples.inc(stats.zero_loss_samples, self._tags)
         if stats.packing_efficiency is not None:
             metrics.rank_packing_efficiency.set(stats.packing_efficiency, self._tags)
         if waited_s > 0:

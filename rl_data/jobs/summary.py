@@ -17,6 +17,8 @@ class StepTotals(BaseModel):
     samples: int
     tokens: int
     trained_tokens: int
+    #: samples handed out with loss_multiplier 0 (over the sequence length, cut to stubs)
+    zero_loss_samples: int
     seconds: float
     packing_efficiency: Optional[float]
 
@@ -61,9 +63,23 @@ def step_totals(records: Sequence[StepRecord]) -> StepTotals:
         samples=sum(count_samples(r["source_ids"]) for r in reports),
         tokens=tokens,
         trained_tokens=sum(int(r["trained_tokens"]) for r in reports),
+        zero_loss_samples=sum(int(r["zero_loss_samples"]) for r in reports),
         seconds=sum(record.seconds for record in records),
         packing_efficiency=tokens / capacity if capacity else None,
     )
+
+
+#: Share of zero-loss samples above which the summary warns.
+ZERO_LOSS_WARNING_SHARE = 0.05
+
+
+def zero_loss_line(totals: StepTotals) -> str:
+    """How many samples trained nothing because they were over length, with advice when many."""
+    share = totals.zero_loss_samples / totals.samples if totals.samples else 0.0
+    line = f"{totals.zero_loss_samples} of {totals.samples} ({100 * share:.1f}%) over the sequence length, cut, loss 0"
+    if share > ZERO_LOSS_WARNING_SHARE:
+        line += " - WARNING: that much training signal is lost; raise --seq-len or filter long conversations"
+    return line
 
 
 def summary_lines(summary: DemoSummary) -> list[str]:
@@ -79,6 +95,7 @@ def summary_lines(summary: DemoSummary) -> list[str]:
         f"throughput: {totals.tokens_per_s:,.0f} tokens/s over {totals.seconds:.1f} s of steps",
         f"packing efficiency: {packing}",
         f"skipped samples: {summary.skipped_samples}",
+        f"zero-loss samples: {zero_loss_line(totals)}",
         f"checkpoint: {summary.checkpoint_path} (step {summary.checkpoint_step})",
         f"dashboard: {summary.dashboard_url or 'not running (start Ray with the dashboard to watch the actors)'}",
         summary.verdict,

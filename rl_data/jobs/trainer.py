@@ -47,6 +47,7 @@ class TrainingActor:
 
         import torch
 
+        from rl_data.distributed.metrics import batch_stats
         from rl_data.distributed.transfer import fetch_batch
 
         started = time.perf_counter()
@@ -72,6 +73,7 @@ class TrainingActor:
             "source_ids": [list(ids) if isinstance(ids, (list, tuple)) else ids for ids in batch["source_ids"]],
             "tokens": tokens,
             "trained_tokens": int(token_mask.sum()),
+            "zero_loss_samples": batch_stats(batch).zero_loss_samples,
             "pack_capacity": capacity,
             "loss": loss,
             "seconds": time.perf_counter() - started,

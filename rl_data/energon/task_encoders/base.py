@@ -48,10 +48,11 @@ class PackedSFTSample(Sample):
     token_mask: torch.Tensor
     cu_seqlens: torch.Tensor
     cu_seqlens_padded: torch.Tensor
+    zero_loss_sources: int
     source_ids: list[str]
 
 
-_PACK_FIELDS = ("input_ids", "token_mask", "cu_seqlens", "cu_seqlens_padded")
+_PACK_FIELDS = ("input_ids", "token_mask", "cu_seqlens", "cu_seqlens_padded", "zero_loss_sources")
 
 
 class BaseSFTTaskEncoder(

@@ -63,7 +63,8 @@ def build_pack(
 
     Returns ``message_log`` (the sources' messages with loss masks, each source followed by
     a padding message), ``input_ids`` (int64) and ``token_mask`` (float32) of the pack's
-    padded length, and ``cu_seqlens`` / ``cu_seqlens_padded`` (int32, ``[n_sources + 1]``).
+    padded length, ``cu_seqlens`` / ``cu_seqlens_padded`` (int32, ``[n_sources + 1]``) and
+    ``zero_loss_sources`` (sources with ``loss_multiplier`` 0: cut to stubs by truncation).
     """
     if not message_logs:
         raise ValueError("cannot build a pack without sources")
@@ -98,6 +99,7 @@ def build_pack(
         "token_mask": torch.cat(masks),
         "cu_seqlens": cu_seqlens,
         "cu_seqlens_padded": cu_seqlens_padded,
+        "zero_loss_sources": sum(1 for multiplier in loss_multipliers if multiplier == 0.0),
     }
 
 
@@ -137,10 +139,11 @@ def collate_packs(
 
 
 def pack_metrics(pack: dict[str, Any], capacity: int) -> dict[str, int | float]:
-    """Sources, real tokens, padded tokens and utilisation (real tokens / capacity) of a pack."""
+    """Sources (and those without loss), real tokens, padded tokens and utilisation of a pack."""
     tokens = int(pack["cu_seqlens"][-1])
     return {
         "num_sequences": int(pack["cu_seqlens"].numel() - 1),
+        "zero_loss_sequences": int(pack.get("zero_loss_sources", 0)),
         "tokens": tokens,
         "padded_tokens": int(pack["cu_seqlens_padded"][-1]),
         "capacity": capacity,
