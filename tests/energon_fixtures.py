@@ -124,3 +124,60 @@ def write_chat_dataset(
         split: [k for k in split_keys[split] if k.startswith("corrupt-")] for split in split_keys
     }
     return ChatDataset(root=Path(root), split_keys=split_keys, corrupt_keys=corrupt)
+
+
+#: Packing arguments of ``build_energon_sft_loader`` for the small-dataset tests.
+SMALL_PACKING = dict(
+    packing_algorithm="first_fit_decreasing",
+    max_sequences_per_bin=None,
+    sequence_length_pad_multiple=8,
+)
+
+
+def build_small_train_loader(
+    dataset: ChatDataset,
+    tokenizer: Any,
+    *,
+    num_workers: int,
+    packing: bool = False,
+    epoch_mode: str = "exact",
+    loop_length: int = 0,
+    batch_size: int = 2,
+    seed_offset: int = 0,
+) -> Any:
+    """A train loader with small buffers over a small dataset (rank 0 of 1, shuffle on)."""
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    energon = {
+        "num_workers": num_workers,
+        "shuffle_buffer_size": 6,
+        "max_samples_per_sequence": 2,
+        "checkpoint_every_sec": 0.5,
+        "seed_offset": seed_offset,
+    }
+    arguments = dict(SINGLE_RANK_UNPACKED)
+    if packing:
+        energon["packing_buffer_size"] = 6
+        arguments.update(SMALL_PACKING)
+    return build_energon_sft_loader(
+        data_config={"energon": energon, "shuffle": True},
+        source={
+            "path": dataset.path,
+            "split": "train",
+            "virtual_epoch_length": loop_length,
+            "epoch_mode": epoch_mode,
+        },
+        processor=tokenizer,
+        batch_size=batch_size,
+        max_sequence_length=128,
+        split_role="train",
+        **arguments,
+    )
+
+
+def batch_source_ids(batch: Any) -> tuple[list[str], dict]:
+    """Sample ids of a batch (flattened over packs) and no tensors: a cheap restore check view."""
+    ids = batch["source_ids"]
+    if ids and isinstance(ids[0], (list, tuple)):
+        ids = [i for pack in ids for i in pack]
+    return list(ids), {}

@@ -113,3 +113,81 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checkpoint_file(path) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def _assert_same_content(loaded, expected):
+    assert loaded.keys() == expected.keys()
+    assert {k: v for k, v in loaded.items() if k != "ranks"} == {
+        k: v for k, v in expected.items() if k != "ranks"
+    }
+    for got, want in zip(loaded["ranks"], expected["ranks"], strict=True):
+        assert got.keys() == want.keys() and torch.equal(got["loader_state"], want["loader_state"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch warns about flipped protocol bytes
+def test_a_bit_flip_anywhere_is_refused_or_harmless(tmp_path):
+    path = save_checkpoint_file(tmp_path / "c.pt", _content())
+    data = path.read_bytes()
+    key_offset = data.index(b"content")
+    assert key_offset < len(data)  # the record's keys are inside the flipped range
+    outcomes = {"refused": 0, "harmless": 0}
+    for offset in range(len(data)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 1 << (offset % 8)
+        path.write_bytes(damaged)
+        try:
+            loaded = load_checkpoint_file(path)
+        except CheckpointFileError:
+            outcomes["refused"] += 1
+        else:  # zip padding and directory fields torch does not read
+            _assert_same_content(loaded, _content())
+            outcomes["harmless"] += 1
+    assert outcomes["refused"] > len(data) // 4, outcomes
+
+
+def _write_record(path, record):
+    torch.save(record, path)
+    return path
+
+
+def test_a_renamed_record_key_is_refused_with_what_was_found(tmp_path):
+    content = {"step": 1}
+    record = {"format": "rl_data.checkpoint", "format_version": 1, "sha256": content_digest(content), "contenu": content}
+    path = _write_record(tmp_path / "c.pt", record)
+    with pytest.raises(CheckpointFileError) as error:
+        load_checkpoint_file(path)
+    assert str(error.value) == (
+        f"checkpoint file {path} is damaged: its record has keys ['contenu', 'format', "
+        "'format_version', 'sha256'], expected ['content', 'format', 'format_version', 'sha256']; "
+        "restore from another checkpoint"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "found"),
+    [("sha256", None, "NoneType"), ("content", [1], "list"), ("format_version", True, None)],
+)
+def test_a_record_value_of_the_wrong_type_is_refused(tmp_path, key, value, found):
+    content = {"step": 1}
+    record = {"format": "rl_data.checkpoint", "format_version": 1, "sha256": content_digest(content), "content": content}
+    record[key] = value
+    path = _write_record(tmp_path / "c.pt", record)
+    with pytest.raises(CheckpointFileError) as error:
+        load_checkpoint_file(path)
+    expected = {"sha256": "str", "content": "dict", "format_version": "int"}[key]
+    assert str(error.value) == (
+        f"checkpoint file {path} is damaged: its record's {key!r} is of type {found or 'bool'}, "
+        f"expected {expected}; restore from another checkpoint"
+    )
+
+
+def test_content_holding_a_value_no_checkpoint_holds_is_refused(tmp_path):
+    record = {"format": "rl_data.checkpoint", "format_version": 1, "sha256": "0" * 64, "content": {"ranks": [{3: 1}]}}
+    path = _write_record(tmp_path / "c.pt", record)
+    with pytest.raises(CheckpointFileError) as error:
+        load_checkpoint_file(path)
+    assert str(error.value) == (
+        f"checkpoint file {path} is damaged: checkpoint key 3 at content.ranks[0] is not a str; "
+        "restore from another checkpoint"
+    )

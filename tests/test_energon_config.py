@@ -22,6 +22,7 @@ def test_source_defaults_and_values():
         "split": "train",
         "virtual_epoch_length": 0,
         "limit": None,
+        "epoch_mode": "exact",
     }
 
 
@@ -62,7 +63,7 @@ def test_invalid_source_names_block_field_and_rule(value, message):
     with pytest.raises(ValueError) as error:
         _source_config(value, name="energon.train")
     assert (
-        str(error.value) == message + " (allowed fields: path, split, virtual_epoch_length, limit)"
+        str(error.value) == message + " (allowed fields: path, split, virtual_epoch_length, limit, epoch_mode)"
     )
 
 
@@ -71,7 +72,7 @@ def test_source_that_is_not_a_mapping():
         _source_config("/data/chat", name="energon.train")
     assert str(error.value) == (
         "energon.train must be a mapping of EnergonSourceConfig fields "
-        "(path, split, virtual_epoch_length, limit), got str: '/data/chat'"
+        "(path, split, virtual_epoch_length, limit, epoch_mode), got str: '/data/chat'"
     )
 
 

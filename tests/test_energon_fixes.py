@@ -1,11 +1,16 @@
-"""The worker-checkpoint race fix: a worker that has not started reports its pending restore."""
+"""Energon worker-checkpoint fixes: a worker that has not started reports its pending restore;
+restored per-worker counters include the skip offset (end to end in
+``test_sft_dataloader_workers.py::test_a_chain_of_restores_with_workers_is_exact``); the fixes
+refuse an Energon version they were not checked against."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 from megatron.energon.savable_loader import (
     SavableCheckpoint,
+    SavableDataLoader,
     SavableDatasetCheckpoint,
     SavableDatasetWrapper,
 )
@@ -26,8 +31,18 @@ def _placeholder():
     return [SavableCheckpoint(state=None, checkpoint_time=time.perf_counter(), sample_index=-1)]
 
 
-def test_fix_is_installed():
+def test_fixes_are_installed():
     assert SavableDatasetWrapper.get_checkpoint is energon_fixes.get_checkpoint
+    assert SavableDataLoader.restore_state_rank is energon_fixes.restore_state_rank
+
+
+def test_an_unchecked_energon_version_is_refused():
+    with pytest.raises(RuntimeError) as error:
+        energon_fixes.apply("7.5.0")
+    assert str(error.value).startswith(
+        "rl_data.energon.energon_fixes patches Megatron-Energon internals checked against "
+        "versions 7.4.0, 7.4.1, found '7.5.0'; re-check the two fixes"
+    )
 
 
 def test_fresh_worker_that_has_not_started_skips_nothing():

@@ -14,7 +14,11 @@ from rl_data.energon.identity import (
     _identity_fingerprint,
     _loader_identity,
     _v2_topology,
+    restore_differences,
 )
+from rl_data.energon.task_encoders import ProcessorAdapter
+
+ADAPTER = {"max_sequence_length": 512, "add_bos": True, "fingerprint": "f" * 64}
 
 
 def test_fingerprint_is_sha256_of_sorted_json():
@@ -90,7 +94,7 @@ def _identity(path, *, packing_algorithm=None, **overrides):
     arguments = dict(
         source=EnergonSourceConfig(path=str(path), split="train", virtual_epoch_length=5),
         loader_config=EnergonLoaderConfig(),
-        adapter_fingerprint="f" * 64,
+        adapter=ADAPTER,
         split_role="train",
         batch_size=4,
         shuffle=True,
@@ -113,10 +117,11 @@ def test_loader_identity_without_packing(energon_dataset):
             "split": "train",
             "virtual_epoch_length": 5,
             "limit": None,
+            "epoch_mode": "exact",
         },
         "dataset": {"index_uuid": uuid},
         "loader": EnergonLoaderConfig().identity_dump(),
-        "adapter": "f" * 64,
+        "adapter": ADAPTER,
         "split_role": "train",
         "batch_size": 4,
         "shuffle": True,
@@ -151,3 +156,104 @@ def test_loader_identity_of_a_path_without_index_uuid(tmp_path):
 def test_fingerprint_requires_plain_json(value):
     with pytest.raises(TypeError):
         _identity_fingerprint(value)
+
+
+def test_adapter_summary_names_every_field_and_its_fingerprint(tokenizer):
+    adapter = ProcessorAdapter(tokenizer=tokenizer, max_sequence_length=512)
+    template_sha = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
+    assert adapter.identity_summary == {
+        "tokenizer": "qwen3",
+        "vocab_size": 151669,
+        "vocab_sha256": adapter.identity["vocab_sha256"],
+        "chat_template_sha256": template_sha,
+        "max_sequence_length": 512,
+        "add_bos": True,
+        "add_eos": True,
+        "add_generation_prompt": False,
+        "fingerprint": adapter.fingerprint,
+    }
+    longer = ProcessorAdapter(tokenizer=tokenizer, max_sequence_length=1024)
+    saved = _identity("p", adapter=adapter.identity_summary)
+    current = _identity("p", adapter=longer.identity_summary)
+    assert restore_differences(saved, current) == ["adapter.max_sequence_length 512 -> 1024"]
+
+
+def test_restore_differences_list_the_adapter_fingerprint_only_when_nothing_explains_it():
+    saved = _identity("p", adapter={**ADAPTER, "fingerprint": "a" * 64})
+    assert restore_differences(saved, _identity("p")) == [
+        f"adapter.fingerprint {'a' * 64!r} -> {'f' * 64!r}"
+    ]
+
+
+def _with_dataset(identity, *, path, uuid):
+    source = {**identity["source"], "path": path}
+    return {**identity, "source": source, "dataset": {"index_uuid": uuid}}
+
+
+def test_a_copy_of_the_dataset_at_another_path_restores_other_content_does_not(tmp_path):
+    base = _identity(tmp_path)
+    saved = _with_dataset(base, path="/old/data", uuid="u1")
+    assert restore_differences(saved, _with_dataset(base, path="/new/data", uuid="u1")) == []
+    assert restore_differences(saved, _with_dataset(base, path="/new/data", uuid="u2")) == [
+        "dataset.index_uuid 'u1' -> 'u2'",
+        "source.path '/old/data' -> '/new/data'",
+    ]
+    without_uuid = _with_dataset(base, path="/old/data", uuid=None)
+    assert restore_differences(without_uuid, _with_dataset(base, path="/new/data", uuid=None)) == [
+        "source.path '/old/data' -> '/new/data'"
+    ]
+    moved_and_changed = _with_dataset(base, path="/new/data", uuid="u1")
+    moved_and_changed["source"]["split"] = "val"
+    assert restore_differences(saved, moved_and_changed) == ["source.split 'train' -> 'val'"]
+    assert restore_differences(None, base) == [f"<identity> None -> {_brief(base)}"]
+    malformed = restore_differences({**saved, "source": "x"}, base)  # a damaged saved identity
+    assert f"source 'x' -> {_brief(base['source'])}" in malformed
+
+
+def _loader(dataset, tokenizer, **overrides):
+    from energon_fixtures import SINGLE_RANK_UNPACKED
+
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    arguments = dict(
+        data_config={"energon": {}, "shuffle": True},
+        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
+        processor=tokenizer,
+        batch_size=4,
+        max_sequence_length=512,
+        split_role="train",
+        **SINGLE_RANK_UNPACKED,
+    )
+    arguments.update(overrides)
+    return build_energon_sft_loader(**arguments)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (dict(max_sequence_length=1024), "adapter.max_sequence_length 512 -> 1024"),
+        (
+            dict(data_config={"energon": {}, "shuffle": True, "add_eos": False}),
+            "adapter.add_eos True -> False",
+        ),
+    ],
+    ids=["max_sequence_length", "add_eos"],
+)
+def test_a_loader_refusal_names_the_adapter_field_that_changed(
+    energon_dataset, tokenizer, overrides, line
+):
+    state = _loader(energon_dataset, tokenizer).state_dict()
+    with pytest.raises(ValueError) as error:
+        _loader(energon_dataset, tokenizer, **overrides).load_state_dict(state)
+    assert str(error.value) == f"Energon loader identity changed: {line}"
+
+
+def test_a_fingerprint_that_does_not_match_its_identity_is_refused(energon_dataset, tokenizer):
+    state = _loader(energon_dataset, tokenizer).state_dict()
+    edited = {**state, "fingerprint": "0" * 64}
+    with pytest.raises(ValueError) as error:
+        _loader(energon_dataset, tokenizer).load_state_dict(edited)
+    assert str(error.value) == (
+        f"Energon loader identity changed: fingerprint {'0' * 64!r} -> {state['fingerprint']!r}"
+    )

@@ -4,9 +4,11 @@ A checkpoint file is ``torch.save`` of ``{"format", "format_version", "sha256", 
 where ``content`` holds only dicts with str keys, lists, tuples, str, int, float, bool, None and
 tensors, and ``sha256`` is :func:`content_digest` of it. Files are written to a temporary file
 in the target directory, fsynced and renamed over the target (then the directory is fsynced),
-so a reader sees the old file or the new one, never a torn one. A truncated or altered file is
-refused with :class:`CheckpointFileError`; a missing file is a ``FileNotFoundError``, never a
-silent fresh start.
+so a reader sees the old file or the new one, never a torn one. A truncated, altered or
+malformed file (any key or type of the record other than expected) is refused with
+:class:`CheckpointFileError`; a missing file is a ``FileNotFoundError``, never a silent fresh
+start. The checksum detects accidental damage only: anyone can recompute it, so it is no
+protection against tampering (loading runs no code either way: ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 CHECKPOINT_FILENAME = "rl_data_state.pt"
 FILE_FORMAT = "rl_data.checkpoint"
 FILE_FORMAT_VERSION = 1
+#: The keys of a checkpoint file's record and their types.
+_RECORD_TYPES = {"format": str, "format_version": int, "sha256": str, "content": dict}
 
 
 class CheckpointFileError(ValueError):
@@ -89,6 +93,11 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             f"corrupt ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
             "restore from another checkpoint"
         ) from error
+    return _verified_content(path, record)
+
+
+def _verified_content(path: Path, record: Any) -> dict[str, Any]:
+    """The content of a loaded record, after checking its structure and its checksum."""
     if not isinstance(record, dict) or record.get("format") != FILE_FORMAT:
         found = record.get("format") if isinstance(record, dict) else type(record).__name__
         raise CheckpointFileError(
@@ -99,10 +108,28 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             f"{path} has checkpoint file format version {record.get('format_version')!r}; this "
             f"version of rl_data reads version {FILE_FORMAT_VERSION}"
         )
-    actual = content_digest(record["content"])
-    if actual != record.get("sha256"):
+    if set(record) != set(_RECORD_TYPES):
         raise CheckpointFileError(
-            f"checkpoint file {path} fails its checksum (stored sha256 {record.get('sha256')}, "
+            f"checkpoint file {path} is damaged: its record has keys "
+            f"{sorted(record, key=repr)}, expected {sorted(_RECORD_TYPES)}; restore from "
+            "another checkpoint"
+        )
+    for key, expected in _RECORD_TYPES.items():
+        if type(record[key]) is not expected:
+            raise CheckpointFileError(
+                f"checkpoint file {path} is damaged: its record's {key!r} is of type "
+                f"{type(record[key]).__name__}, expected {expected.__name__}; restore from "
+                "another checkpoint"
+            )
+    try:
+        actual = content_digest(record["content"])
+    except TypeError as error:
+        raise CheckpointFileError(
+            f"checkpoint file {path} is damaged: {error}; restore from another checkpoint"
+        ) from None
+    if actual != record["sha256"]:
+        raise CheckpointFileError(
+            f"checkpoint file {path} fails its checksum (stored sha256 {record['sha256']}, "
             f"content hashes to {actual}); the file was altered or damaged, restore from "
             "another checkpoint"
         )

@@ -13,7 +13,7 @@ watchdog, failure budget) can change between a save and a restore.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,10 +27,17 @@ class EnergonSourceConfig(BaseModel):
     path: str = Field(min_length=1)
     #: Energon split part, as written by ``energon prepare``: ``"train"``, ``"val"`` or ``"test"``.
     split: str = Field(min_length=1)
-    #: Batches per ``for`` loop over the (infinite) training loader; required > 0 for training.
+    #: Training only: batches per ``for`` loop. 0 (``epoch_mode="exact"`` only): one ``for``
+    #: loop is one pass. > 0: every ``for`` loop yields this many batches of the endless stream.
     virtual_epoch_length: int = Field(default=0, ge=0)
     #: Validation only: stop after this many batches (None: the whole split).
     limit: int | None = Field(default=None, ge=1)
+    #: Training only. ``"exact"``: the rank reads its share in passes, every sample once per
+    #: pass, in a new deterministic order each pass; each worker drops (and counts) the last
+    #: partial batch of its pass. ``"virtual"``: Energon repeats the share forever and its
+    #: shuffle buffer mixes consecutive passes, so any pass-sized window holds some samples
+    #: twice and misses others; nothing is dropped. See README "Epoch modes".
+    epoch_mode: Literal["exact", "virtual"] = "exact"
 
 
 class EnergonLoaderConfig(BaseModel):

@@ -45,6 +45,8 @@ class SkipCountingWorkerConfig(WorkerConfig):
     max_failure_ratio: float = 0.1
     #: ... after at least this many samples were seen.
     failure_ratio_min_samples: int = 100
+    #: Samples skipped in this process only (each forked worker counts its own).
+    process_skipped: int = 0
 
     @classmethod
     def create(cls, **fields: Any) -> "SkipCountingWorkerConfig":
@@ -52,6 +54,7 @@ class SkipCountingWorkerConfig(WorkerConfig):
         return cls(skipped=multiprocessing.Value("q", 0), **fields)
 
     def add_skipped(self, count: int) -> None:
+        self.process_skipped += count
         with self.skipped.get_lock():
             self.skipped.value += count
 

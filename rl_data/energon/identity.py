@@ -1,10 +1,17 @@
 """What a saved loader state must agree with before it is restored.
 
 Energon restores a rank state into any loader built with compatible shapes and silently yields
-other samples when the dataset, rank, world size, shuffle buffer, ... changed (see
-``energon-facts.md``). The loader identity pins all of these as plain JSON; a restore compares
+other samples when the dataset, rank, world size, shuffle buffer, ... changed: it checks almost
+none of these itself. The loader identity pins all of these as plain JSON; a restore compares
 the saved identity with the current one and refuses with one ``path old -> new`` line per
-change. Everything here is pure except :func:`_dataset_index_uuid`, which reads one small file.
+change (:func:`restore_differences`). Everything here is pure except
+:func:`_dataset_index_uuid`, which reads one small file.
+
+A dataset copied byte for byte to another path restores: ``source.path`` stays in the identity,
+but a restore ignores a path change when both identities carry the same dataset content
+identity (``dataset.index_uuid``, copied with the dataset; rl_data's writer derives it from the
+shard contents). Other content at any path, or a dataset without an index uuid at another path,
+is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ _V2_STATE_FORMAT_VERSION = 2
 #: How Energon maps samples to shards: contiguous ranges, one per (rank, worker).
 _MAPPER = "energon_contiguous_ranges"
 _BRIEF_LIMIT = 80
+_ADAPTER_FINGERPRINT = "adapter.fingerprint "
 
 
 def _identity_fingerprint(identity: Mapping[str, Any]) -> str:
@@ -55,6 +63,38 @@ def _identity_differences(saved: Any, current: Any, path: str = "") -> list[str]
     if type(saved) is type(current) and saved == current:
         return []
     return [f"{path or '<identity>'} {_brief(saved)} -> {_brief(current)}"]
+
+
+def restore_differences(saved: Any, current: Mapping[str, Any]) -> list[str]:
+    """The changes that refuse restoring a state saved with identity ``saved`` ([] = restores).
+
+    :func:`_identity_differences`, except that a change of ``source.path`` alone is allowed when
+    ``dataset.index_uuid`` is the same (the dataset was copied), and ``adapter.fingerprint`` is
+    not listed when the adapter fields it is computed from are.
+    """
+    if _same_dataset_content(saved, current):
+        saved = {**saved, "source": {**saved["source"], "path": current["source"]["path"]}}
+    lines = _identity_differences(saved, current)
+    explained = any(
+        line.startswith("adapter.") and not line.startswith(_ADAPTER_FINGERPRINT) for line in lines
+    )
+    if explained:
+        lines = [line for line in lines if not line.startswith(_ADAPTER_FINGERPRINT)]
+    return lines
+
+
+def _same_dataset_content(saved: Any, current: Mapping[str, Any]) -> bool:
+    """Both identities have a ``source.path`` and the same known ``dataset.index_uuid``."""
+    for identity in (saved, current):
+        if not (
+            isinstance(identity, Mapping)
+            and isinstance(identity.get("source"), Mapping)
+            and "path" in identity["source"]
+            and isinstance(identity.get("dataset"), Mapping)
+        ):
+            return False
+    uuid = saved["dataset"].get("index_uuid")
+    return isinstance(uuid, str) and uuid == current["dataset"].get("index_uuid")
 
 
 def _v2_topology(
@@ -93,7 +133,7 @@ def _loader_identity(
     *,
     source: EnergonSourceConfig,
     loader_config: EnergonLoaderConfig,
-    adapter_fingerprint: str,
+    adapter: Mapping[str, Any],
     split_role: str,
     batch_size: int,
     shuffle: bool | None,
@@ -105,6 +145,7 @@ def _loader_identity(
 ) -> dict[str, Any]:
     """Describe what a restored loader must still agree with.
 
+    ``adapter`` is the processor adapter's ``identity_summary`` (its fields and fingerprint).
     The four packing keys are present only when packing is on: without packing,
     ``only_unmask_final`` is applied after the loader and does not change its state.
     """
@@ -112,7 +153,7 @@ def _loader_identity(
         "source": source.model_dump(mode="json"),
         "dataset": {"index_uuid": _dataset_index_uuid(source.path)},
         "loader": loader_config.identity_dump(),
-        "adapter": adapter_fingerprint,
+        "adapter": dict(adapter),
         "split_role": split_role,
         "batch_size": batch_size,
         "shuffle": shuffle,

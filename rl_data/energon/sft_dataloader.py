@@ -2,16 +2,18 @@
 
 :func:`build_energon_sft_loader` builds one Energon savable loader for an explicit logical
 rank of a logical world size and one split, wrapped in :class:`EnergonSFTDataLoader`, whose
-``state_dict`` is the format-2 envelope (see ``design.md``): the pickled Energon rank state as a
-uint8 tensor plus the loader identity that a restore must match. Bad samples are logged in one
-line by :func:`compact_sample_error_handler` and skipped; the failure budget turns a
-systematic failure into one :class:`SampleFailureBudgetExceeded`.
+``state_dict`` is the format-2 envelope: the Energon rank state as a uint8 tensor of data that
+loads without running code (:mod:`rl_data.energon.state_codec`), the loader identity that a
+restore must match and, for training, the position of the rank's stream (:class:`rl_data.energon.epoch_stream.StreamPosition`). Training reads one
+endless stream per rank (:mod:`rl_data.energon.epoch_stream`) in exact passes or in Energon's
+repeating mode (``epoch_mode``), cut into ``for`` loops. Bad samples are logged in one line by
+:func:`compact_sample_error_handler` and skipped; the failure budget turns a systematic failure
+into one :class:`SampleFailureBudgetExceeded`.
 """
 
 from __future__ import annotations
 
 import copy
-import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Protocol
 
@@ -25,12 +27,13 @@ from megatron.energon import (
 from megatron.energon.errors import FatalSampleError
 
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.energon import energon_fixes  # noqa: F401  (fixes a worker-checkpoint race)
+from rl_data.energon import energon_fixes  # noqa: F401  (fixes Energon worker checkpoints)
 from rl_data.energon.config import (
     EnergonLoaderConfig,
     EnergonSourceConfig,
     validate_block,
 )
+from rl_data.energon.epoch_stream import PassEndDataset, PassOver, RankStream, StreamPosition
 from rl_data.energon.failure_budget import (
     SampleFailureBudgetExceeded,
     SkipCountingWorkerConfig,
@@ -43,7 +46,9 @@ from rl_data.energon.identity import (
     _identity_fingerprint,
     _loader_identity,
     _v2_topology,
+    restore_differences,
 )
+from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders import (
     BaseSFTTaskEncoder,
     ProcessorAdapter,
@@ -53,6 +58,8 @@ from rl_data.packing import packing_algorithm as parse_packing_algorithm
 
 _BACKEND = "energon"
 _SPLIT_ROLES = ("train", "validation")
+#: Extra worker checkpoints kept beyond Energon's default, for items a stream holds back.
+_EXTRA_WORKER_CHECKPOINTS = 8
 
 __all__ = ["EnergonSFTDataLoader", "SFTDataLoader", "build_energon_sft_loader"]
 
@@ -76,10 +83,19 @@ class EnergonSFTDataLoader:
     before the first batch with worker processes, so until the first batch the state taken at
     construction (or restored) is returned, which is the same position. ``skipped_samples``
     counts the bad samples skipped since this loader was built (in all its workers).
+
+    A training loader (``loop_length`` not None) reads the rank's endless stream; each ``for``
+    loop yields ``loop_length`` batches of it, or, with ``loop_length=0`` (exact mode), one
+    pass. ``dropped_samples`` counts the samples that exact passes left in partial batches.
     """
 
-    def __init__(self, loader: Any, *, identity: Mapping[str, Any]) -> None:
+    def __init__(
+        self, loader: Any, *, identity: Mapping[str, Any], loop_length: int | None = None
+    ) -> None:
         self._loader = loader
+        self._loop_length = loop_length
+        self._stream = RankStream(loader) if loop_length is not None else None
+        self._dropped = 0
         self._identity = copy.deepcopy(dict(identity))
         self._fingerprint = _identity_fingerprint(self._identity)
         self._resting_state: Any = None  # the state before the first batch
@@ -103,13 +119,26 @@ class EnergonSFTDataLoader:
         """Bad samples skipped since this loader was built."""
         return self._budget.skipped_count() if self._budget is not None else 0
 
+    @property
+    def dropped_samples(self) -> int:
+        """Samples that passes ended since this loader was built left out of every batch."""
+        return self._dropped
+
+    @property
+    def completed_passes(self) -> int | None:
+        """Exact passes the rank's training stream completed (restored ones included)."""
+        return self._stream.position.passes if self._stream is not None else None
+
     def __len__(self) -> int:
+        """Batches per ``for`` loop (approximate for a whole pass: Energon's estimate)."""
+        if self._loop_length:
+            return self._loop_length
         return len(self._loader)
 
     def __iter__(self) -> Iterator[BatchedDataDict[Any]]:
         self._require_open()
         self._iterated = True
-        return self._iterate()
+        return self._iterate() if self._stream is None else self._iterate_stream()
 
     def close(self) -> None:
         """Stop the worker processes now; the loader cannot be used afterwards.
@@ -119,6 +148,8 @@ class EnergonSFTDataLoader:
         finalized).
         """
         self._closed = True
+        if self._stream is not None:
+            self._stream.close()
         epoch_iterator = getattr(self._loader, "_epoch_iterator", None)
         if epoch_iterator is not None:
             epoch_iterator.close()
@@ -144,13 +175,7 @@ class EnergonSFTDataLoader:
                     self._budget.check_ratio(self._delivered, self._source_name())
                 yield batch
         except FatalSampleError as error:
-            raise SampleFailureBudgetExceeded(
-                f"{self._source_name()}: a pipeline stage failed "
-                f"{self._budget.max_consecutive_failures if self._budget else 'too many'} "
-                "times in a row, so the data or the task encoder is systematically broken; "
-                "see the 'skipped sample' log lines for the failing samples (Energon: "
-                f"{str(error).splitlines()[0][:300]})"
-            ) from error
+            raise self._fatal(error) from error
         newly_skipped = self.skipped_samples - skipped_before
         if batches == 0 and newly_skipped > 0:
             raise SampleFailureBudgetExceeded(
@@ -159,6 +184,57 @@ class EnergonSFTDataLoader:
                 "encoder is systematically broken (see the 'skipped sample' log lines)"
             )
 
+    def _iterate_stream(self) -> Iterator[BatchedDataDict[Any]]:
+        stream, length = self._stream, self._loop_length
+        position = stream.position
+        if length and position.loop_batches >= length:
+            position.loop_batches = 0  # restored right after a full loop
+        yielded, skipped_before = 0, self.skipped_samples
+        try:
+            while not (length and position.loop_batches >= length):
+                item = stream.next()
+                if isinstance(item, PassOver):
+                    self._dropped += item.dropped
+                    if item.batches == 0:
+                        raise self._empty_pass(item, self.skipped_samples - skipped_before)
+                    if not length and yielded:
+                        return
+                    continue  # loop_length 0: a pass that ended before this loop's first batch
+                yielded += 1
+                if length:
+                    position.loop_batches += 1
+                self._batches += 1
+                self._delivered += _count_sources(item)
+                if self._budget is not None:
+                    self._budget.check_ratio(self._delivered, self._source_name())
+                yield item
+            position.loop_batches = 0
+        except FatalSampleError as error:
+            raise self._fatal(error) from error
+
+    def _empty_pass(self, over: PassOver, newly_skipped: int) -> Exception:
+        if newly_skipped > 0:
+            return SampleFailureBudgetExceeded(
+                f"{self._source_name()}: a whole pass yielded no batch and skipped "
+                f"{newly_skipped} sample(s); every sample failed, so the data or the task "
+                "encoder is systematically broken (see the 'skipped sample' log lines)"
+            )
+        return ValueError(
+            f"{self._source_name()}: a whole pass of this rank yielded no batch; its "
+            f"{over.dropped} sample(s) did not fill one batch of batch_size "
+            f"{self._identity.get('batch_size')} in any worker; use a smaller batch size, fewer "
+            "workers or ranks, or more data"
+        )
+
+    def _fatal(self, error: FatalSampleError) -> SampleFailureBudgetExceeded:
+        return SampleFailureBudgetExceeded(
+            f"{self._source_name()}: a pipeline stage failed "
+            f"{self._budget.max_consecutive_failures if self._budget else 'too many'} "
+            "times in a row, so the data or the task encoder is systematically broken; "
+            "see the 'skipped sample' log lines for the failing samples (Energon: "
+            f"{str(error).splitlines()[0][:300]})"
+        )
+
     def _source_name(self) -> str:
         source = self._identity.get("source", {})
         return f"Energon source {source.get('path')!r} (split {source.get('split')!r})"
@@ -166,17 +242,22 @@ class EnergonSFTDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """The format-2 envelope; loads with ``torch.load(weights_only=True)``."""
         self._require_open()
-        if self._energon_iterating and self._batches == 0:
+        position = None
+        if self._stream is not None:
+            rank_state = self._stream.energon_state()
+            position = self._stream.position.to_json()
+        elif self._energon_iterating and self._batches == 0:
             rank_state = self._resting_state
         else:
             rank_state = self._loader.save_state_rank()
-        payload = bytearray(pickle.dumps(rank_state, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = bytearray(encode_rank_state(rank_state))
         return {
             "backend": _BACKEND,
             "format_version": _V2_STATE_FORMAT_VERSION,
             "fingerprint": self._fingerprint,
             "identity": copy.deepcopy(self._identity),
             "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone(),
+            "position": position,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -199,22 +280,34 @@ class EnergonSFTDataLoader:
                 f"reads only format {_V2_STATE_FORMAT_VERSION}"
             )
         saved_identity = state.get("identity")
-        lines = _identity_differences(saved_identity, self._identity)
-        if not lines and state.get("fingerprint") != self._fingerprint:
-            lines = [
-                f"fingerprint {_brief(state.get('fingerprint'))} -> {_brief(self._fingerprint)}"
-            ]
+        lines = restore_differences(saved_identity, self._identity)
+        # a fingerprint that does not match its own identity: the envelope was edited
+        saved_fingerprint = _identity_fingerprint(saved_identity) if not lines else None
+        if not lines and state.get("fingerprint") != saved_fingerprint:
+            found = _brief(state.get("fingerprint"))
+            lines = [f"fingerprint {found} -> {_brief(saved_fingerprint)}"]
         if lines:
             raise ValueError("Energon loader identity changed: " + "; ".join(lines))
         payload = state.get("loader_state")
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             found = payload.dtype if isinstance(payload, torch.Tensor) else type(payload).__name__
             raise ValueError(
-                f"loader_state must be a uint8 tensor of the pickled Energon rank state, got {found}"
+                f"loader_state must be a uint8 tensor of the encoded Energon rank state, got {found}"
             )
-        rank_state = pickle.loads(payload.contiguous().numpy().tobytes())
+        position = self._saved_position(state.get("position"))
+        rank_state = decode_rank_state(payload.contiguous().numpy().tobytes())
+        if self._stream is not None:
+            self._stream.restore(rank_state, position)
+            return
         self._loader.restore_state_rank(rank_state)
         self._resting_state = rank_state
+
+    def _saved_position(self, value: Any) -> StreamPosition | None:
+        if self._stream is None:
+            if value is not None:
+                raise ValueError(f"a validation loader state has no position, got {value!r}")
+            return None
+        return StreamPosition.from_json(value, workers=max(1, self._loader.num_workers))
 
 
 def _count_sources(batch: Any) -> int:
@@ -318,8 +411,10 @@ def build_energon_sft_loader(
 
     ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block; ``add_bos``,
     ``add_eos`` and ``add_generation_prompt`` come from ``data_config`` (defaults True, True,
-    False). Training reads ``source.split`` shuffled, forever, in virtual epochs of
-    ``source.virtual_epoch_length`` batches, dropping a last partial batch; validation reads it
+    False). Training reads ``source.split`` shuffled, forever: in exact passes
+    (``source.epoch_mode="exact"``, each worker dropping and counting its last partial batch)
+    or Energon's repeating stream (``"virtual"``); each ``for`` loop is
+    ``source.virtual_epoch_length`` batches, or one pass when that is 0. Validation reads it
     once in order, keeps the last partial batch and stops after ``source.limit`` batches.
     """
     if "energon" not in data_config:
@@ -356,13 +451,16 @@ def build_energon_sft_loader(
             "set data_config['energon']['packing_buffer_size'] to pack"
         )
     shuffle: bool | None = None
+    loop_length: int | None = None
     if split_role == "train":
-        if source.virtual_epoch_length <= 0:
+        if source.epoch_mode == "virtual" and source.virtual_epoch_length <= 0:
             raise ValueError(
-                f"train source {source.path!r}: virtual_epoch_length must be > 0 (training "
-                "loaders are infinite; it is the number of batches per epoch), got "
-                f"{source.virtual_epoch_length}"
+                f"train source {source.path!r}: epoch_mode 'virtual' repeats the data forever, "
+                "so virtual_epoch_length (batches per for loop) must be > 0, got "
+                f"{source.virtual_epoch_length}; set it, or use epoch_mode 'exact' (0: one pass "
+                "per for loop)"
             )
+        loop_length = source.virtual_epoch_length
         if data_config.get("shuffle") is not True:
             raise ValueError(
                 f"data_config['shuffle'] is {data_config.get('shuffle')!r}; the Energon train "
@@ -394,19 +492,14 @@ def build_energon_sft_loader(
         task_encoder=task_encoder,
     )
     if split_role == "train":
-        dataset = get_train_dataset(
-            source.path,
-            batch_drop_last=True,
-            shuffle_buffer_size=loader_config.shuffle_buffer_size,
-            max_samples_per_sequence=loader_config.max_samples_per_sequence,
-            virtual_epoch_length=source.virtual_epoch_length,
-            **common,
-        )
+        dataset = _train_dataset(source, loader_config, worker_config, common)
     else:
         dataset = get_val_dataset(source.path, batch_drop_last=False, limit=source.limit, **common)
+    workers = max(1, loader_config.num_workers)
     loader = get_savable_loader(
         dataset,
         checkpoint_every_sec=loader_config.checkpoint_every_sec,
+        n_checkpoints=loader_config.prefetch_factor * workers + 1 + _EXTRA_WORKER_CHECKPOINTS,
         prefetch_factor=loader_config.prefetch_factor,
         watchdog_timeout_seconds=loader_config.watchdog_timeout_seconds,
     )
@@ -416,7 +509,7 @@ def build_energon_sft_loader(
     identity = _loader_identity(
         source=source,
         loader_config=loader_config,
-        adapter_fingerprint=adapter.fingerprint,
+        adapter=adapter.identity_summary,
         split_role=split_role,
         batch_size=batch_size,
         shuffle=shuffle,
@@ -432,4 +525,40 @@ def build_energon_sft_loader(
         only_unmask_final=only_unmask_final,
     )
     identity["components"] = task_encoder.component_versions
-    return EnergonSFTDataLoader(loader, identity=identity)
+    return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length)
+
+
+def _train_dataset(
+    source: EnergonSourceConfig,
+    loader_config: EnergonLoaderConfig,
+    worker_config: WorkerConfig,
+    common: Mapping[str, Any],
+) -> Any:
+    """The endless Energon train dataset: exact passes, or Energon's own repetition.
+
+    Energon's virtual epochs are not used: the ``for`` loops are cut by the rank stream, so
+    Energon's (and torch's) epochs never end (see :mod:`rl_data.energon.epoch_stream`).
+    """
+    exact = source.epoch_mode == "exact"
+    try:
+        dataset = get_train_dataset(
+            source.path,
+            batch_drop_last=True,
+            shuffle_buffer_size=loader_config.shuffle_buffer_size,
+            max_samples_per_sequence=loader_config.max_samples_per_sequence,
+            repeat=not exact,
+            **common,
+        )
+    except AssertionError as error:
+        if exact and "repeat is False" in str(error):
+            raise ValueError(
+                f"train source {source.path!r}: epoch_mode 'exact' needs one dataset or an "
+                "epochized blend, but this metadataset blends by weight (Energon: "
+                f"{error}); use epoch_mode 'virtual' with a virtual_epoch_length"
+            ) from None
+        raise
+    if exact:
+        dataset = PassEndDataset(
+            dataset, worker_config=worker_config, count_sources=_count_sources
+        )
+    return dataset

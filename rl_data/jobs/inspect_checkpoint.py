@@ -81,7 +81,7 @@ def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
 def refusal_lines(content: dict[str, Any], job: JobConfigFile) -> list[str]:
     """Every difference that makes a coordinator with ``job``'s config refuse the checkpoint ([] = restores)."""
     from rl_data.distributed.placement import config_layout, placement_fingerprint
-    from rl_data.energon.identity import _identity_differences
+    from rl_data.energon.identity import _identity_differences, restore_differences
 
     layout = config_layout(job.runtime)
     lines = [f"placement layout: {line}" for line in _identity_differences(content["placement"]["layout"], layout)]
@@ -91,7 +91,7 @@ def refusal_lines(content: dict[str, Any], job: JobConfigFile) -> list[str]:
         lines.append(f"ranks: the checkpoint holds {len(saved_ranks)} rank states, the config runs {world} ranks")
     current = loader_identities(job.loader, world, placement_fingerprint(layout))
     for rank, (saved, identity) in enumerate(zip(saved_ranks, current)):
-        lines.extend(f"rank {rank} identity: {line}" for line in _identity_differences(saved.get("identity"), identity))
+        lines.extend(f"rank {rank} identity: {line}" for line in restore_differences(saved.get("identity"), identity))
     return lines
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rl_data.interfaces import LLMMessageLogType
 from rl_data.tokenization import get_formatted_message_log
+from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 
 
 _VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
@@ -43,6 +44,14 @@ def vocab_fingerprint(tokenizer: Any) -> str:
     return digest
 
 
+def _template_digest(template: Any) -> str | None:
+    """sha256 hex of a chat template's text (of its canonical JSON when it is not one string)."""
+    if template is None:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True)
 class ProcessorAdapter:
     """Formats canonical chat messages into a ``message_log`` with ``token_ids`` per message."""
@@ -52,11 +61,18 @@ class ProcessorAdapter:
     add_bos: bool = True
     add_eos: bool = True
     add_generation_prompt: bool = False
+    #: what to do with the tokenizer's special tokens inside message text (see README
+    #: "Control text policy"): ``"reject"`` the sample, or encode it as ``"plain_text"``
+    control_text: str = "reject"
 
     def __post_init__(self) -> None:
         if self.max_sequence_length < 1:
             raise ValueError(
                 f"max_sequence_length must be >= 1, got {self.max_sequence_length}"
+            )
+        if self.control_text not in CONTROL_TEXT_POLICIES:
+            raise ValueError(
+                f"control_text must be one of {list(CONTROL_TEXT_POLICIES)}, got {self.control_text!r}"
             )
 
     @classmethod
@@ -65,8 +81,8 @@ class ProcessorAdapter:
     ) -> "ProcessorAdapter":
         """Build from a tokenizer or a processor (its ``.tokenizer`` is used) and the data config.
 
-        ``add_bos``, ``add_eos`` and ``add_generation_prompt`` come from ``data_config``
-        (defaults True, True, False).
+        ``add_bos``, ``add_eos``, ``add_generation_prompt`` and ``control_text`` come from
+        ``data_config`` (defaults True, True, False, ``"reject"``).
         """
         if processor is None:
             raise ValueError("processor is None: pass a tokenizer or a processor with .tokenizer")
@@ -76,6 +92,7 @@ class ProcessorAdapter:
             add_bos=bool(data_config.get("add_bos", True)),
             add_eos=bool(data_config.get("add_eos", True)),
             add_generation_prompt=bool(data_config.get("add_generation_prompt", False)),
+            control_text=str(data_config.get("control_text", "reject")),
         )
 
     @property
@@ -92,8 +109,12 @@ class ProcessorAdapter:
 
     @cached_property
     def identity(self) -> dict[str, Any]:
-        """The plain-JSON description hashed into :attr:`fingerprint`."""
-        return {
+        """The plain-JSON description hashed into :attr:`fingerprint`.
+
+        ``control_text`` is listed only when it is not the default, so fingerprints of loaders
+        that never set it stay what they were.
+        """
+        identity = {
             "tokenizer": os.path.basename(str(self.tokenizer.name_or_path).rstrip("/")),
             "vocab_size": len(self.tokenizer),
             "vocab_sha256": vocab_fingerprint(self.tokenizer),
@@ -103,12 +124,27 @@ class ProcessorAdapter:
             "add_eos": self.add_eos,
             "add_generation_prompt": self.add_generation_prompt,
         }
+        if self.control_text != "reject":
+            identity["control_text"] = self.control_text
+        return identity
 
     @cached_property
     def fingerprint(self) -> str:
         """sha256 hex of the canonical JSON of :attr:`identity`."""
         canonical = json.dumps(self.identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    @cached_property
+    def identity_summary(self) -> dict[str, Any]:
+        """:attr:`identity` with the chat template replaced by its sha256, plus the fingerprint.
+
+        This is what a loader identity records, so a refusal names the field that changed
+        (``adapter.max_sequence_length 1024 -> 2048``) without carrying the template text.
+        """
+        summary = {k: v for k, v in self.identity.items() if k != "chat_template"}
+        summary["chat_template_sha256"] = _template_digest(self.identity["chat_template"])
+        summary["fingerprint"] = self.fingerprint
+        return summary
 
     def format(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
@@ -121,4 +157,5 @@ class ProcessorAdapter:
             add_eos_token=self.add_eos,
             add_generation_prompt=self.add_generation_prompt,
             tools=list(tools) if tools else None,
+            control_text=self.control_text,
         )
