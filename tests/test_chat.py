@@ -18,6 +18,7 @@ from rl_data.tokenization.chat import (
     validate_messages,
 )
 from rl_data.tokenization.chat_template import CHATML_TEMPLATE, GENERATION_PROMPT, render_chatml
+from rl_data.tokenization.validation import ControlTextError
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]  # fmt: skip
@@ -258,12 +259,17 @@ def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenize
 def test_synthetic_conversations_match_the_definition_and_the_whole_render(tokenizer, name, tools):
     messages = SYNTHETIC[name]
     original = copy.deepcopy(messages)
+    control = "plain_text" if name == "delimiters_inside_content" else "reject"
     for generation_prompt in (False, True):
-        fast = get_formatted_message_log(messages, tokenizer, add_generation_prompt=generation_prompt, tools=tools)
-        reference = get_formatted_message_log_reference(
-            messages, tokenizer, add_generation_prompt=generation_prompt, tools=tools
-        )
+        options = {"add_generation_prompt": generation_prompt, "tools": tools, "control_text": control}
+        fast = get_formatted_message_log(messages, tokenizer, **options)
+        reference = get_formatted_message_log_reference(messages, tokenizer, **options)
         assert_same_message_logs(fast, reference)
+    if control == "plain_text":  # the whole render would encode the content's delimiters as control tokens
+        with pytest.raises(ControlTextError):
+            get_formatted_message_log(messages, tokenizer, tools=tools)
+        assert messages == original
+        return
     log = get_formatted_message_log(messages, tokenizer, tools=tools)
     rendered, ids = whole_render_ids(messages, tokenizer, tools)
     assert "".join(m["content"] for m in log) == rendered
@@ -275,6 +281,10 @@ def test_delimiters_inside_content_fall_back_to_prefix_renders(tokenizer, monkey
     calls = []
     real = chat._chunks_from_prefix_renders
     monkeypatch.setattr(chat, "_chunks_from_prefix_renders", lambda *a: calls.append(1) or real(*a))
+    get_formatted_message_log(SYNTHETIC["delimiters_inside_content"], tokenizer, control_text="plain_text")
+    assert calls == []  # the content's delimiters are hidden while the template renders
+    # a tokenizer without these control tokens sees delimiter text in content: only the reference is exact
+    monkeypatch.setattr(chat, "find_control_text", lambda *a: None)
     get_formatted_message_log(SYNTHETIC["delimiters_inside_content"], tokenizer)
     assert calls == [1]
     get_formatted_message_log(SYNTHETIC["multilingual"], tokenizer)
@@ -296,7 +306,8 @@ _MESSAGES = st.lists(
 def test_single_render_equals_prefix_renders_on_generated_conversations(
     tokenizer, messages, generation_prompt, with_tools
 ):
-    options = {"add_generation_prompt": generation_prompt, "tools": TOOLS if with_tools else None}
+    options = {"add_generation_prompt": generation_prompt, "tools": TOOLS if with_tools else None,
+               "control_text": "plain_text"}
     assert_same_message_logs(
         get_formatted_message_log(messages, tokenizer, **options),
         get_formatted_message_log_reference(messages, tokenizer, **options),

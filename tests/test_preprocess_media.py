@@ -301,7 +301,7 @@ def test_media_bytes_count_toward_the_shard_size(tmp_path):
     batch = pa.Table.from_pydict({
         "file": ["a.jsonl"] * 5, "row": list(range(5)), "key": [sample_key("a.jsonl", r) for r in range(5)],
         "accepted": [True] * 5, "kind": ["sft"] * 5, "payload": [b'{"kind":"sft"}'] * 5, "media": media,
-        "num_tokens": [5] * 5, "reason": [""] * 5, "message": [""] * 5, "raw": [""] * 5,
+        "num_tokens": [5] * 5, "reason": [""] * 5, "message": [""] * 5, "raw": [""] * 5, "content_hash": list(range(5)),
     }, schema=OUTPUT_SCHEMA)
     writer = DatasetWriter(tmp_path, target_shard_bytes=8000, target_shard_rows=None)
     writer.add_batch(batch)

@@ -91,7 +91,7 @@ def test_every_bad_row_is_quarantined_and_every_good_row_written_once(mixed_inpu
     info = load_dataset_info(output)
     assert info["counts"] == {"read": summary.read, "accepted": summary.accepted, "quarantined": summary.quarantined,
                               "accepted_by_kind": {"sft": len(expected_good)},
-                              "quarantined_by_reason": summary.quarantined_by_reason}
+                              "quarantined_by_reason": summary.quarantined_by_reason, "duplicates": 0}
     assert sum(split["samples"] for split in info["splits"].values()) == len(expected_good)
     assert set(info["splits"]) == {"train", "val", "test"}
     assert info["token_lengths"]["count"] == len(expected_good)
@@ -199,7 +199,7 @@ def test_existing_output_is_refused_and_all_rejected_input_fails_cleanly(ray_ses
         run([output / "quarantine.jsonl"], output)
     write_jsonl(tmp_path / "bad.jsonl", [{"messages": []}, "nope"])
     with pytest.raises(ValueError, match=r"no row was accepted \(2 read; quarantined invalid_json: 1, missing_field: 1\)"):
-        run([tmp_path / "bad.jsonl"], tmp_path / "out", adapter="openai")
+        run([tmp_path / "bad.jsonl"], tmp_path / "out", adapter="openai", splits={"train": 1.0})
     assert [p.name for p in tmp_path.iterdir()] == ["bad.jsonl"]
 
 

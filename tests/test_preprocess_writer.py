@@ -8,7 +8,13 @@ import pytest
 from preprocess_fixtures import read_quarantine, read_shards
 
 from rl_data.preprocess.transform import OUTPUT_SCHEMA, sample_key
-from rl_data.preprocess.writer import DatasetWriter, staged_output, token_statistics
+from rl_data.preprocess.writer import (
+    DatasetWriter,
+    FailedRowsBudgetExceeded,
+    FailureBudget,
+    staged_output,
+    token_statistics,
+)
 
 
 def rows(file: str, accepted: list[bool], start: int = 0, payload_size: int = 10) -> pa.Table:
@@ -23,6 +29,7 @@ def rows(file: str, accepted: list[bool], start: int = 0, payload_size: int = 10
         "reason": ["" if a else "empty_content" for a in accepted],
         "message": ["" if a else "content is empty" for a in accepted],
         "raw": ["" if a else "{}" for a in accepted],
+        "content_hash": [start + i if a else 0 for i, a in enumerate(accepted)],
     }, schema=OUTPUT_SCHEMA)
 
 
@@ -54,8 +61,8 @@ def test_shards_are_cut_by_rows_and_quarantine_keeps_order(tmp_path):
     writer.add_batch(rows("a.jsonl", [True, False, True, True]))
     writer.add_batch(rows("b.jsonl", [True, True, False]))
     stats = writer.close()
-    assert [(s.path, s.samples) for s in stats.shards] == [("shards/shard-000000.tar", 3),
-                                                          ("shards/shard-000001.tar", 2)]
+    assert [(s.path, s.samples) for s in stats.shards] == [("shards/train-000000.tar", 3),
+                                                          ("shards/train-000001.tar", 2)]
     assert (stats.read, stats.accepted, stats.quarantined_by_reason) == (7, 5, {"empty_content": 2})
     assert list(read_shards(tmp_path)) == [sample_key("a.jsonl", r) for r in (0, 2, 3)] + [
         sample_key("b.jsonl", r) for r in (0, 1)]
@@ -81,3 +88,26 @@ def test_token_statistics_are_exact_nearest_rank():
     stats = token_statistics(np.bincount(lengths))
     assert stats == {"count": 20, "min": 3, "mean": 25.4, "p50": 7, "p95": 100, "max": 100}
     assert token_statistics(np.zeros(0, dtype=np.int64))["count"] == 0
+
+
+def test_samples_go_to_per_split_shards_and_duplicates_are_counted(tmp_path):
+    writer = DatasetWriter(tmp_path, target_shard_bytes=1 << 30, target_shard_rows=2,
+                           splits={"train": 0.5, "val": 0.25, "test": 0.25})
+    batch = rows("a.jsonl", [True] * 8).set_column(
+        OUTPUT_SCHEMA.get_field_index("content_hash"), "content_hash", pa.array([1, 2, 1, 3, 4, 2, 5, 6], pa.int64()))
+    writer.add_batch(batch)
+    stats = writer.close()
+    assert [(s.path, s.samples) for s in stats.shards] == [
+        ("shards/train-000000.tar", 2), ("shards/val-000000.tar", 2), ("shards/test-000000.tar", 2),
+        ("shards/train-000001.tar", 2)]
+    assert stats.duplicates == 2
+
+
+def test_too_long_rows_do_not_count_against_the_failed_rows_budget(tmp_path):
+    writer = DatasetWriter(tmp_path, target_shard_bytes=1 << 30, target_shard_rows=None,
+                           budget=FailureBudget(max_fraction=0.0, max_rows=1))
+    batch = rows("a.jsonl", [False] * 3)
+    writer.add_batch(batch.set_column(OUTPUT_SCHEMA.get_field_index("reason"), "reason", pa.array(["too_long"] * 3)))
+    writer.add_batch(rows("a.jsonl", [False], start=3))
+    with pytest.raises(FailedRowsBudgetExceeded, match=r"2 of the first 5 rows failed \(empty_content: 2\)"):
+        writer.add_batch(rows("a.jsonl", [False], start=4))

@@ -1,9 +1,10 @@
 """Write WebDataset tar shards and prepare them as a Megatron-Energon dataset.
 
 Shards are byte-deterministic (fixed member order, mtime 0, no owner names), so the same
-samples always give the same bytes. Splits are assigned per shard, in shard order, by
-:func:`assign_splits`; a ratio that would leave a requested split empty is refused before
-anything is prepared. ``.nv-meta/index.uuid`` is replaced by a UUID derived from the shard
+samples always give the same bytes. Splits are assigned either per shard, in shard order, by
+:func:`assign_splits` (:func:`write_energon_dataset`; a ratio that would leave a requested
+split empty is refused before anything is prepared), or per sample by :class:`SplitAssigner`
+with one set of shards per split (the preprocessing job; :func:`prepare_energon_splits`). ``.nv-meta/index.uuid`` is replaced by a UUID derived from the shard
 contents, so re-preparing identical data keeps the dataset identity and any change of data
 changes it.
 """
@@ -83,6 +84,40 @@ def assign_splits(num_shards: int, ratios: Mapping[str, float]) -> dict[str, lis
     return assignment
 
 
+class SplitAssigner:
+    """Assigns samples to splits one by one, in order, each to the split furthest below its share.
+
+    After ``n`` samples every split ``s`` holds ``floor`` or ``ceil`` of ``n * ratio_s / total``
+    (ties go to the split named first), so the counts follow the ratios at every prefix and a
+    small input still reaches every split (see :func:`min_samples_for_splits`).
+    """
+
+    def __init__(self, ratios: Mapping[str, float]):
+        self.ratios = {name: float(r) for name, r in ratios.items() if r > 0}
+        if not self.ratios or any(r < 0 for r in ratios.values()):
+            raise ValueError(f"split ratios must be >= 0 with at least one positive, got {dict(ratios)}")
+        self.names = list(self.ratios)
+        self._total = sum(self.ratios.values())
+        self._counts = dict.fromkeys(self.names, 0)
+        self._assigned = 0
+
+    def next(self) -> str:
+        """The split of the next sample."""
+        self._assigned += 1
+        name = max(self.names, key=lambda n: self._assigned * self.ratios[n] / self._total - self._counts[n])
+        self._counts[name] += 1
+        return name
+
+
+def min_samples_for_splits(ratios: Mapping[str, float]) -> int:
+    """How many samples :class:`SplitAssigner` needs before every requested split has one."""
+    assigner, seen, count = SplitAssigner(ratios), set(), 0
+    while len(seen) < len(assigner.names):
+        seen.add(assigner.next())
+        count += 1
+    return count
+
+
 def content_uuid(root: str | Path, shard_paths: Sequence[str]) -> str:
     """A UUID derived from the shard names and bytes (stable for identical data)."""
     digest = hashlib.sha256()
@@ -105,13 +140,24 @@ def prepare_energon_dataset(
 
     ``shard_paths`` are relative to ``root``. Returns ``{split: [shard paths]}``.
     """
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
-
-    root = Path(root)
     if not shard_paths:
         raise ValueError(f"no shards to prepare in {root}")
     assignment = assign_splits(len(shard_paths), splits)
     split_shards = {name: [shard_paths[i] for i in idx] for name, idx in assignment.items()}
+    prepare_energon_splits(root, split_shards, workers=workers)
+    return split_shards
+
+
+def prepare_energon_splits(root: str | Path, split_shards: Mapping[str, Sequence[str]], *, workers: int = 1) -> None:
+    """Index the shards with Energon (``.nv-meta``), each split holding the given shard paths
+    (relative to ``root``; every split non-empty), and write the dataset config and index UUID."""
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
+    root = Path(root)
+    empty = [name for name, paths in split_shards.items() if not paths]
+    if empty or not split_shards:
+        raise ValueError(f"splits {empty or '(none)'} have no shards in {root}; every split needs at least one")
+    shard_paths = [path for paths in split_shards.values() for path in paths]
     patterns = [
         (name, "(?:" + "|".join(re.escape(p) for p in paths) + ")$")
         for name, paths in split_shards.items()
@@ -119,15 +165,14 @@ def prepare_energon_dataset(
     with contextlib.redirect_stdout(io.StringIO()):  # Energon prints progress lines
         BaseWebdatasetFactory.prepare_dataset(
             root,
-            list(shard_paths),
+            shard_paths,
             split_parts_patterns=patterns,
             shuffle_seed=None,
             workers=workers,
         )
     meta = root / ".nv-meta"
     (meta / "dataset.yaml").write_text(_DATASET_YAML)
-    (meta / "index.uuid").write_text(content_uuid(root, shard_paths))
-    return split_shards
+    (meta / "index.uuid").write_text(content_uuid(root, sorted(shard_paths)))
 
 
 def write_energon_dataset(

@@ -29,7 +29,8 @@ Adapter = Callable[[dict[str, Any]], dict[str, Any]]
 
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "model": "assistant", "system": "system", "tool": "tool", "observation": "tool",
+    "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool",
+    "observation": "tool",
 }
 _PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 

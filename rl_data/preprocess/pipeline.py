@@ -10,6 +10,12 @@ Stages (Ray Data, streaming; no stage holds the whole input):
    writes shards + quarantine into a staged folder (``writer``), then Energon prepares it and
    ``dataset_info.json`` is written; the folder is renamed onto the output only when complete.
 
+Before Ray starts (:func:`check_job`), the job checks what fails in a second: an existing
+output, missing or empty inputs, the adapter, and too few rows for the requested splits.
+During the run no single row can end the job: every exception while transforming a row
+quarantines it with a reason, and only a failed-rows budget (``max_failed_rows`` /
+``max_failed_fraction``, default: more than max(100, 1 % of the rows read) failed) stops it.
+
 The output folder holds ``shards/``, ``.nv-meta/``, ``dataset_info.json`` and
 ``quarantine.jsonl`` (the rejected rows: ``{file, row, reason, message, raw}``). The quarantine
 lives inside the output so it is published atomically with the dataset it belongs to.
@@ -33,9 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from rl_data.energon.dataset_writer import DEFAULT_SPLITS
+from rl_data.energon.dataset_writer import DEFAULT_SPLITS, min_samples_for_splits
 from rl_data.preprocess import adapters, readers, transform, writer
 from rl_data.preprocess.validation import RowRejected, parse_row
+from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 
 _SPLIT_NAMES = ("train", "val", "test")
 
@@ -53,7 +60,13 @@ class PreprocessConfig(BaseModel):
     max_tokens: PositiveInt | None = Field(None, description="quarantine rows longer than this (too_long)")
     target_shard_bytes: PositiveInt = 64 * 1024 * 1024
     target_shard_rows: PositiveInt | None = None
-    splits: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SPLITS))
+    splits: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SPLITS),
+                                     description="split ratios, assigned per sample")
+    control_text: Literal[CONTROL_TEXT_POLICIES] = Field(  # type: ignore[valid-type]
+        "reject", description="message text holding a tokenizer control token: quarantine ('reject') "
+        "or keep it to be encoded as plain text ('plain_text'; the loader needs the same setting)")
+    max_failed_rows: int = Field(100, ge=0, description="failed rows always allowed")
+    max_failed_fraction: float = Field(0.01, ge=0, le=1, description="failed share of the rows read allowed")
     overwrite: bool = False
     num_cpus_per_task: float = Field(0.5, gt=0, le=1, description="CPU share of each transform task")
     batch_size: PositiveInt = Field(256, description="rows per transform task (lower it for rows with large media)")
@@ -89,6 +102,7 @@ class PreprocessSummary(BaseModel):
     accepted: int
     quarantined: int
     quarantined_by_reason: dict[str, int]
+    duplicates: int
     splits: dict[str, int]
     shards: int
     token_lengths: dict[str, Any]
@@ -107,35 +121,56 @@ def connect_ray(address: str | None = None) -> None:
         ray.init()
 
 
-def choose_adapter(config: PreprocessConfig, files: list[readers.InputFile]) -> str:
-    """The configured adapter, or the one detected from the first ``detect_rows`` rows."""
+def choose_adapter(config: PreprocessConfig, peeked: list[tuple[readers.InputFile, int, str]]) -> str:
+    """The configured adapter, or the one detected from the ``peeked`` first rows."""
     if config.adapter != "auto":
         adapters.resolve_adapter(config.adapter)  # fail fast on the driver
         return config.adapter
     rows = []
-    for _, _, raw in readers.peek_rows(files, config.detect_rows):
+    for _, _, raw in peeked:
         with contextlib.suppress(RowRejected):
             rows.append(parse_row(raw))
     return adapters.detect_adapter(rows)
 
 
-def run_preprocess(config: PreprocessConfig) -> PreprocessSummary:
-    """Run the whole job on the connected Ray cluster (see :func:`connect_ray`)."""
-    import ray
+def check_job(config: PreprocessConfig) -> tuple[list[readers.InputFile], str]:
+    """Everything checkable without Ray, in a second: output, inputs, adapter, splits.
 
+    Returns the input files and the adapter name; raises with the cause and the fix.
+    """
     writer.refuse_existing_output(config.output, overwrite=config.overwrite)
     files = readers.resolve_inputs(config.inputs, config.input_format)
     prefixes = {transform.file_key_prefix(f.name): f.name for f in files}
     if len(prefixes) != len(files):
         raise ValueError("two input file names share a key prefix; rename one of the input files")
-    adapter = choose_adapter(config, files)
+    needed = min_samples_for_splits(config.splits)
+    peeked = readers.peek_rows(files, max(config.detect_rows, needed))
+    if not peeked:
+        what = "is empty" if len(files) == 1 else f"are all empty ({len(files)} files)"
+        raise ValueError(f"input {files[0].uri if len(files) == 1 else 'files'} {what}: no row to preprocess; "
+                         "check the path, or that the file was written completely")
+    if len(peeked) < needed:
+        raise ValueError(
+            f"the input has only {len(peeked)} row(s), too few for splits {config.splits}: every requested split "
+            f"needs a sample, which takes at least {needed} rows; add rows or choose fewer splits (e.g. --splits train=1)"
+        )
+    return files, choose_adapter(config, peeked)
+
+
+def run_preprocess(config: PreprocessConfig, ray_address: str | None = None) -> PreprocessSummary:
+    """Check the job (:func:`check_job`), connect to Ray (:func:`connect_ray`) and run it."""
+    files, adapter = check_job(config)
     transform.load_tokenizer(config.tokenizer)  # builds the tokenizer cache once, before the workers
+    connect_ray(ray_address)
+    import ray
+
     identity_task = ray.remote(num_cpus=0.25)(readers.file_identity)
     identity_refs = [identity_task.remote(f) for f in files]
 
     with writer.staged_output(config.output, overwrite=config.overwrite) as staging:
         dataset_writer = writer.DatasetWriter(
-            staging, target_shard_bytes=config.target_shard_bytes, target_shard_rows=config.target_shard_rows
+            staging, target_shard_bytes=config.target_shard_bytes, target_shard_rows=config.target_shard_rows,
+            splits=config.splits, budget=writer.FailureBudget(config.max_failed_fraction, config.max_failed_rows),
         )
         with _data_context(progress=config.progress):
             for batch in _progress(_transformed_batches(config, files, adapter), config.progress):
@@ -149,7 +184,7 @@ def run_preprocess(config: PreprocessConfig) -> PreprocessSummary:
     summary = PreprocessSummary(
         output=config.output, adapter=adapter, read=stats.read, accepted=stats.accepted,
         quarantined=stats.quarantined, quarantined_by_reason=content["counts"]["quarantined_by_reason"],
-        splits={name: split["samples"] for name, split in content["splits"].items()},
+        duplicates=stats.duplicates, splits={name: split["samples"] for name, split in content["splits"].items()},
         shards=len(stats.shards), token_lengths=content["token_lengths"],
     )
     if config.progress:
@@ -165,7 +200,8 @@ def print_summary(summary: PreprocessSummary) -> None:
     table = Table(title=f"preprocess -> {summary.output} (adapter {summary.adapter})")
     table.add_column("what")
     table.add_column("rows", justify="right")
-    for what, count in [("read", summary.read), ("accepted", summary.accepted), ("quarantined", summary.quarantined)]:
+    for what, count in [("read", summary.read), ("accepted", summary.accepted), ("  duplicates (kept)", summary.duplicates),
+                        ("quarantined", summary.quarantined)]:
         table.add_row(what, str(count))
     for reason, count in summary.quarantined_by_reason.items():
         table.add_row(f"  quarantined: {reason}", str(count))
@@ -188,7 +224,8 @@ def _transformed_batches(config: PreprocessConfig, files: list[readers.InputFile
         transform.transform_batch, batch_size=config.batch_size, batch_format="pyarrow",
         num_cpus=config.num_cpus_per_task,
         fn_kwargs={"adapter": adapters.resolve_adapter(adapter), "tokenizer": config.tokenizer, "max_tokens": config.max_tokens,
-                   "raw_chars": config.raw_chars, "folders": {f.name: readers.file_folder(f) for f in files}},
+                   "raw_chars": config.raw_chars, "folders": {f.name: readers.file_folder(f) for f in files},
+                   "control_text": config.control_text},
     )
     return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
 

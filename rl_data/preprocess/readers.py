@@ -14,6 +14,11 @@ bytes inline; a JSON array file is parsed whole, so use JSONL for huge files). P
 ``binary`` values become ``{"__bytes__": <base64>, "size": n}`` so media bytes survive the JSON
 row text (see ``preprocess.media``). Read
 tasks run wherever Ray schedules them: on a cluster, inputs must be readable from every node.
+
+Text is decoded as strict UTF-8; a leading UTF-8 byte order mark is dropped. A JSONL line that
+is not valid UTF-8 still becomes a row (its text with U+FFFD replacements) whose ``utf8_error``
+names the first bad byte and its byte offset in the file, so the row is quarantined as
+``invalid_utf8`` instead of being accepted with altered text.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import glob as globlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,7 +44,10 @@ _EXTENSIONS: dict[str, InputFormat] = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet",
 }
 _GLOB_CHARS = set("*?[")
-ROW_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("raw", pa.large_string())])
+ROW_SCHEMA = pa.schema([
+    ("file", pa.string()), ("row", pa.int64()), ("raw", pa.large_string()), ("utf8_error", pa.string()),
+])
+_BOM = b"\xef\xbb\xbf"
 #: Default cut of a read block by size: rows carrying media bytes make big blocks otherwise.
 BLOCK_BYTES = 32 * 1024 * 1024
 
@@ -79,10 +88,10 @@ def stream_file_rows(
     """Yield ``ROW_SCHEMA`` tables of ``file``'s rows in file order, each of at most
     ``rows_per_block`` rows and cut once its row text reaches ``block_bytes`` characters."""
     fs, path = pafs.FileSystem.from_uri(file.uri)
-    rows: list[tuple[int, str]] = []
+    rows: list[tuple[int, str, str]] = []
     size = 0
-    for row, raw in _raw_rows(fs, path, file.format):
-        rows.append((row, raw))
+    for row, raw, utf8_error in _raw_rows(fs, path, file.format):
+        rows.append((row, raw, utf8_error))
         size += len(raw)
         if len(rows) == rows_per_block or size >= block_bytes:
             yield _table(file.name, rows)
@@ -170,46 +179,93 @@ def _format_of(uri: str, input_format: str) -> InputFormat:
     return _EXTENSIONS[extension]
 
 
-def _raw_rows(fs: pafs.FileSystem, path: str, fmt: str) -> Iterator[tuple[int, str]]:
+def _raw_rows(fs: pafs.FileSystem, path: str, fmt: str) -> Iterator[tuple[int, str, str]]:
+    """``(row, raw text, utf8_error)`` of every row; ``utf8_error`` is "" for valid text."""
     if fmt == "parquet":
         with fs.open_input_file(path) as f:
             row = 0
             for record_batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
                 for record in record_batch.to_pylist():
-                    yield row, json.dumps(record, ensure_ascii=False, default=_json_default)
+                    yield row, json.dumps(record, ensure_ascii=False, default=_json_default), ""
                     row += 1
         return
     with fs.open_input_stream(path) as stream:
         if fmt == "json":
             data = stream.read()
-            if data.lstrip()[:1] == b"[":
-                try:
-                    records = json.loads(data)
-                except json.JSONDecodeError as error:
-                    raise ValueError(
-                        f"{path} looks like a JSON array but does not parse ({error}); fix the "
-                        "file or convert it to JSON lines (one object per line)"
-                    ) from error
-                for row, record in enumerate(records):
-                    yield row, json.dumps(record, ensure_ascii=False)
+            if data.removeprefix(_BOM).lstrip()[:1] == b"[":
+                yield from _json_array_rows(path, data)
                 return
-            lines = data.splitlines()  # a .json file holding JSON lines
+            lines = _offset_lines(data.splitlines(keepends=True))  # a .json file holding JSON lines
         else:
-            lines = _lines(stream)
-        for row, line in enumerate(lines):
-            text = line.decode("utf-8", errors="replace").strip()
-            if text:
-                yield row, text
+            lines = _offset_lines(_lines(stream))
+        for row, (offset, line) in enumerate(lines):
+            if row == 0 and line.startswith(_BOM):
+                line, offset = line[len(_BOM):], offset + len(_BOM)
+            text, utf8_error = _decode_line(line, offset, row)
+            if text.strip():
+                yield row, text.strip(), utf8_error
+
+
+def _decode_line(line: bytes, offset: int, row: int) -> tuple[str, str]:
+    try:
+        return line.decode("utf-8"), ""
+    except UnicodeDecodeError as error:
+        return line.decode("utf-8", errors="replace"), (
+            f"invalid UTF-8 byte 0x{line[error.start]:02x} at byte offset {offset + error.start} of the file "
+            f"(byte {error.start} of line {row + 1}); re-encode the file as UTF-8 or fix the line"
+        )
+
+
+def _json_array_rows(path: str, data: bytes) -> Iterator[tuple[int, str, str]]:
+    """The elements of a JSON array file; with invalid UTF-8, the elements holding it get ``utf8_error``."""
+    utf8_error = ""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        utf8_error = (f"invalid UTF-8 in this element (the file's first invalid byte 0x{data[error.start]:02x} "
+                      f"is at byte offset {error.start}); re-encode the file as UTF-8 or fix the element")
+        text = data.removeprefix(_BOM).decode("utf-8", errors="surrogateescape")
+    try:
+        records = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(
+            f"{path} looks like a JSON array but does not parse ({error}); fix the "
+            "file or convert it to JSON lines (one object per line)"
+        ) from None
+    for row, record in enumerate(records):
+        raw = json.dumps(record, ensure_ascii=False)
+        if utf8_error and _ESCAPED_BYTE.search(raw):
+            yield row, raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), utf8_error
+            continue
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape: keep it escaped
+            raw = json.dumps(record)
+        yield row, raw, ""
+
+
+#: A byte that is not UTF-8, as ``surrogateescape`` decodes it.
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 def _lines(stream: Any) -> Iterator[bytes]:
+    """The lines of a byte stream, each with its ``\\n``."""
     pending = b""
     while block := stream.read(1 << 20):
         pending += block
         *complete, pending = pending.split(b"\n")
-        yield from complete
+        for line in complete:
+            yield line + b"\n"
     if pending:
         yield pending
+
+
+def _offset_lines(lines: Iterator[bytes] | list[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(byte offset of the line in the file, line without its end of line)``."""
+    offset = 0
+    for line in lines:
+        yield offset, line.rstrip(b"\r\n")
+        offset += len(line)
 
 
 def _json_default(value: Any) -> Any:
@@ -224,9 +280,9 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot represent {type(value).__name__} from Parquet as JSON")
 
 
-def _table(name: str, rows: list[tuple[int, str]]) -> pa.Table:
+def _table(name: str, rows: list[tuple[int, str, str]]) -> pa.Table:
     return pa.Table.from_arrays(
-        [pa.array([name] * len(rows), pa.string()), pa.array([r for r, _ in rows], pa.int64()),
-         pa.array([raw for _, raw in rows], pa.large_string())],
+        [pa.array([name] * len(rows), pa.string()), pa.array([r for r, _, _ in rows], pa.int64()),
+         pa.array([raw for _, raw, _ in rows], pa.large_string()), pa.array([e for _, _, e in rows], pa.string())],
         schema=ROW_SCHEMA,
     )

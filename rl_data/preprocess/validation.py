@@ -8,6 +8,7 @@ loader's own rules); the checks before it only give the common problems their ow
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,8 +17,10 @@ from rl_data.tokenization.validation import CHAT_ROLES, validate_messages
 
 #: Reason code -> what it means. Summaries and ``dataset_info.json`` count rows per code.
 REASONS: dict[str, str] = {
-    "invalid_json": "the row is not valid JSON or not a JSON object",
-    "missing_field": "a field the schema needs is missing or has the wrong shape",
+    "invalid_utf8": "the row's bytes are not valid UTF-8 (the message gives the byte offset in the file)",
+    "invalid_json": "the row is not valid JSON, not a JSON object, or nested too deeply to parse",
+    "invalid_unicode": "a string holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text",
+    "missing_field": "a field the schema needs is missing or has the wrong shape (e.g. a message without content)",
     "invalid_role": "a message has a missing or unknown role",
     "non_text_content": "a message content is not text or media parts (number, dict, bytes, image_url part, ...)",
     "empty_content": "a message content is empty or whitespace only",
@@ -31,7 +34,11 @@ REASONS: dict[str, str] = {
     "bad_media": "media bytes cannot be decoded (truncated, corrupt, unknown format, bad base64)",
     "media_type_mismatch": "a media file's format does not suit its part type (e.g. a .wav as an image)",
     "invalid_media_part": "a media content part is malformed (two sources, wrong value type, ...)",
+    "control_text": "message text holds a control token of the tokenizer (e.g. <|im_end|>); see --control-text",
+    "transform_error": "an unexpected exception while transforming the row (the message names it)",
 }
+#: Reasons that filter rows by the job's own limits; the failed-rows budget does not count them.
+FILTER_REASONS = frozenset({"too_long"})
 
 
 class RowRejected(ValueError):
@@ -51,9 +58,35 @@ def parse_row(raw: str) -> dict[str, Any]:
         row = json.loads(raw)
     except json.JSONDecodeError as error:
         raise RowRejected("invalid_json", f"row is not valid JSON: {error}") from None
+    except RecursionError:
+        raise RowRejected("invalid_json", "row is nested too deeply to parse (arrays/objects inside each "
+                          "other beyond Python's recursion limit)") from None
     if not isinstance(row, dict):
         raise RowRejected("invalid_json", f"row must be a JSON object, found {type(row).__name__}")
+    if _SURROGATE_ESCAPE.search(raw):
+        _refuse_lone_surrogates(row, "row")
     return row
+
+
+#: A JSON ``\\uXXXX`` escape of a UTF-16 surrogate (pairs are fine; a lone one is not text).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise RowRejected("invalid_unicode", (
+                f"{where}: lone UTF-16 surrogate U+{ord(value[error.start]):04X} at character {error.start}; "
+                "only a high+low pair (\\ud83d\\ude00) is a character: fix or drop the escape")) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key, where)
+            _refuse_lone_surrogates(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{where}[{index}]")
 
 
 def validate_sample(sample: Mapping[str, Any], *, media: bool = False) -> None:
@@ -88,15 +121,21 @@ def _validate_conversation(messages: Any, *, where: str, media: bool) -> None:
     if not isinstance(messages, list) or not messages:
         raise RowRejected("missing_field", f"{where}messages must be a non-empty list, found {_brief(messages)}")
     for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in CHAT_ROLES:
-            found = message.get("role") if isinstance(message, Mapping) else type(message).__name__
+        if not isinstance(message, Mapping):
+            raise RowRejected("invalid_message", (
+                f"{where}message {index} is a {type(message).__name__} ({_brief(message)}); "
+                "expected a dict with 'role' and 'content'"))
+        if message.get("role") not in CHAT_ROLES:
             raise RowRejected(
-                "invalid_role", f"{where}message {index}: role {found!r} is not one of {list(CHAT_ROLES)}"
+                "invalid_role", f"{where}message {index}: role {message.get('role')!r} is not one of {list(CHAT_ROLES)}"
             )
         content = message.get("content")
         label = f"{where}message {index} ({message['role']})"
         if content is None and message.get("tool_calls"):
             continue
+        if content is None:
+            state = "is null" if "content" in message else "is missing"
+            raise RowRejected("missing_field", f"{label}: 'content' {state}; expected text or content parts")
         if not _is_text(content, media):
             raise RowRejected("non_text_content", f"{label}: content must be text, found {_brief(content)}")
         if not _text_of(content).strip() and not (media and any(is_media_part(p) for p in content)):

@@ -12,6 +12,19 @@ JSON (``<key>.json``, ``<key>.image-0.jpg``, ...) and their bytes count toward
 ``target_shard_bytes``, so shards of large media stay near the target size. Output therefore needs to be writable by the
 driver only, but must be on storage every training node can read.
 
+**Splits are assigned per sample**, in row order, each accepted sample going to the requested
+split furthest below its share (:func:`~rl_data.energon.dataset_writer.SplitAssigner`); each
+split has its own shards (``shards/<split>-000000.tar``). Any input with at least
+:func:`~rl_data.energon.dataset_writer.min_samples_for_splits` accepted samples fills every
+split, whatever the shard size; the counts match the ratios to within one sample.
+
+**Duplicates** (accepted rows whose canonical sample and media equal an earlier one's, by a
+64-bit content hash) are kept and counted (``counts.duplicates`` in ``dataset_info.json``).
+
+**Failed-rows budget**: the writer raises :class:`FailedRowsBudgetExceeded` as soon as the
+quarantined rows, not counting rows the job's own limits filter (``too_long``), exceed
+``max(max_failed_rows, max_failed_fraction * rows read so far)``.
+
 :func:`staged_output` gives the atomicity: everything is written into a hidden sibling folder
 that is renamed onto the output path only after the job finished, and deleted on any failure.
 """
@@ -33,6 +46,7 @@ import pyarrow as pa
 
 from rl_data.energon import dataset_writer
 from rl_data.energon.sample_format import SAMPLE_MEMBER
+from rl_data.preprocess.validation import FILTER_REASONS
 
 #: Bytes counted per tar member on top of its data (header and padding, roughly).
 MEMBER_OVERHEAD = 1024
@@ -70,11 +84,27 @@ def staged_output(output: str | os.PathLike, *, overwrite: bool) -> Iterator[Pat
     shutil.rmtree(retired, ignore_errors=True)
 
 
+class FailedRowsBudgetExceeded(ValueError):
+    """More rows failed than the job's budget allows: the input or the adapter is broken."""
+
+
+@dataclass(frozen=True)
+class FailureBudget:
+    """Fail once failed rows exceed ``max(max_rows, max_fraction * rows read)``."""
+
+    max_fraction: float = 0.01
+    max_rows: int = 100
+
+    def allowed(self, read: int) -> int:
+        return max(self.max_rows, int(self.max_fraction * read))
+
+
 @dataclass
 class ShardRecord:
-    """One written shard: path relative to the dataset root, sample count, size, first/last key."""
+    """One written shard: path relative to the dataset root, split, sample count, size, first/last key."""
 
     path: str
+    split: str
     samples: int
     bytes: int
     first_key: str
@@ -86,6 +116,7 @@ class WriteStats:
     """What the writer saw: counts, shards, media members and bytes, token-length histogram."""
 
     read: int = 0
+    duplicates: int = 0
     media_members: int = 0
     media_bytes: int = 0
     accepted_by_kind: dict[str, int] = field(default_factory=dict)
@@ -101,18 +132,31 @@ class WriteStats:
     def quarantined(self) -> int:
         return sum(self.quarantined_by_reason.values())
 
+    @property
+    def failed(self) -> int:
+        """Quarantined rows that count against the budget (not filtered by the job's limits)."""
+        return sum(n for reason, n in self.quarantined_by_reason.items() if reason not in FILTER_REASONS)
+
 
 class DatasetWriter:
     """Consume transformed batches in ``(file, row)`` order; write shards and the quarantine file."""
 
-    def __init__(self, root: Path, *, target_shard_bytes: int, target_shard_rows: int | None):
+    def __init__(
+        self, root: Path, *, target_shard_bytes: int, target_shard_rows: int | None,
+        splits: dict[str, float] | None = None, budget: FailureBudget | None = None,
+    ):
         self.root = root
         self.target_shard_bytes = target_shard_bytes
         self.target_shard_rows = target_shard_rows
+        self.budget = budget or FailureBudget()
         self.stats = WriteStats()
-        self._buffer: list[tuple[str, dict[str, bytes]]] = []
-        self._buffer_bytes = 0
+        self._assigner = dataset_writer.SplitAssigner(splits or {"train": 1.0})
+        self._buffers: dict[str, list[tuple[str, dict[str, bytes]]]] = {name: [] for name in self._assigner.names}
+        self._buffer_bytes = dict.fromkeys(self._assigner.names, 0)
+        self._shard_counts = dict.fromkeys(self._assigner.names, 0)
+        self._hashes: set[int] = set()
         self._last: tuple[str, int] | None = None
+        self._first_failure: str = ""
         self._quarantine = open(root / QUARANTINE_FILE, "w", encoding="utf-8")
 
     def add_batch(self, batch: pa.Table) -> None:
@@ -126,6 +170,7 @@ class DatasetWriter:
                 kind = columns["kind"][i]
                 self.stats.accepted_by_kind[kind] = self.stats.accepted_by_kind.get(kind, 0) + 1
                 lengths.append(columns["num_tokens"][i])
+                self._count_duplicate(columns["content_hash"][i])
                 media = {m["name"]: m["data"] for m in columns["media"][i]}
                 self._add_sample(columns["key"][i], {SAMPLE_MEMBER: columns["payload"][i], **media})
             else:
@@ -134,15 +179,38 @@ class DatasetWriter:
                 record = {"file": file, "row": row, "reason": reason, "message": columns["message"][i],
                           "raw": columns["raw"][i]}
                 self._quarantine.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+                if reason not in FILTER_REASONS and not self._first_failure:
+                    self._first_failure = f"{file} row {row}: {reason}: {columns['message'][i]}"
         if lengths:
             self._add_lengths(np.asarray(lengths, dtype=np.int64))
+        self._check_budget()
 
     def close(self) -> WriteStats:
-        """Flush the last shard and close the quarantine file."""
-        if self._buffer:
-            self._flush()
+        """Flush the last shard of every split and close the quarantine file."""
+        for split, buffer in self._buffers.items():
+            if buffer:
+                self._flush(split)
         self._quarantine.close()
         return self.stats
+
+    def _check_budget(self) -> None:
+        failed, allowed = self.stats.failed, self.budget.allowed(self.stats.read)
+        if failed <= allowed:
+            return
+        reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.stats.quarantined_by_reason.items())
+                            if r not in FILTER_REASONS)
+        raise FailedRowsBudgetExceeded(
+            f"{failed} of the first {self.stats.read} rows failed ({reasons}), more than the budget of "
+            f"{allowed} (max of --max-failed-rows {self.budget.max_rows} and --max-failed-fraction "
+            f"{self.budget.max_fraction} of the rows read); first: {self._first_failure[:300]}. Fix the input "
+            "or the adapter (--adapter), or raise the budget"
+        )
+
+    def _count_duplicate(self, digest: int) -> None:
+        if digest in self._hashes:
+            self.stats.duplicates += 1
+        else:
+            self._hashes.add(digest)
 
     def _check_order(self, file: str, row: int) -> None:
         if self._last is not None and (file, row) <= self._last:
@@ -153,20 +221,24 @@ class DatasetWriter:
         self._last = (file, row)
 
     def _add_sample(self, key: str, members: dict[str, bytes]) -> None:
-        self._buffer.append((key, members))
-        self._buffer_bytes += sum(len(data) + MEMBER_OVERHEAD for data in members.values())
+        split = self._assigner.next()
+        buffer = self._buffers[split]
+        buffer.append((key, members))
+        self._buffer_bytes[split] += sum(len(data) + MEMBER_OVERHEAD for data in members.values())
         self.stats.media_members += len(members) - 1
         self.stats.media_bytes += sum(len(data) for name, data in members.items() if name != SAMPLE_MEMBER)
-        full_rows = self.target_shard_rows is not None and len(self._buffer) >= self.target_shard_rows
-        if full_rows or self._buffer_bytes >= self.target_shard_bytes:
-            self._flush()
+        full_rows = self.target_shard_rows is not None and len(buffer) >= self.target_shard_rows
+        if full_rows or self._buffer_bytes[split] >= self.target_shard_bytes:
+            self._flush(split)
 
-    def _flush(self) -> None:
-        rel = f"{SHARD_FOLDER}/shard-{len(self.stats.shards):06d}.tar"
-        count = dataset_writer.write_tar_shard(self.root / rel, self._buffer)
+    def _flush(self, split: str) -> None:
+        buffer = self._buffers[split]
+        rel = f"{SHARD_FOLDER}/{split}-{self._shard_counts[split]:06d}.tar"
+        count = dataset_writer.write_tar_shard(self.root / rel, buffer)
         size = (self.root / rel).stat().st_size
-        self.stats.shards.append(ShardRecord(rel, count, size, self._buffer[0][0], self._buffer[-1][0]))
-        self._buffer, self._buffer_bytes = [], 0
+        self.stats.shards.append(ShardRecord(rel, split, count, size, buffer[0][0], buffer[-1][0]))
+        self._shard_counts[split] += 1
+        self._buffers[split], self._buffer_bytes[split] = [], 0
 
     def _add_lengths(self, lengths: np.ndarray) -> None:
         counts = np.bincount(lengths)
@@ -199,17 +271,24 @@ def finish_dataset(
     """Prepare the shards with Energon and write ``dataset_info.json``; return its content.
 
     ``info`` holds what only the job knows (inputs, config, versions); this adds counts per
-    reason, kind and split, the shard list and the token-length statistics.
+    reason, kind and split, duplicates, the shard list and the token-length statistics.
     """
     if not stats.shards:
         reasons = ", ".join(f"{r}: {n}" for r, n in sorted(stats.quarantined_by_reason.items())) or "no rows read"
         raise ValueError(
             f"no row was accepted ({stats.read} read; quarantined {reasons}); nothing to write. "
-            "Check the adapter (--adapter) and the input, or see the quarantine reasons above"
+            f"Check the adapter (--adapter) and the input; the reasons per row are in {QUARANTINE_FILE}"
         )
-    split_shards = dataset_writer.prepare_energon_dataset(
-        root, [s.path for s in stats.shards], splits=splits, workers=prepare_workers
-    )
+    requested = [name for name, ratio in splits.items() if ratio > 0]
+    empty = [name for name in requested if not any(s.split == name for s in stats.shards)]
+    if empty:
+        raise ValueError(
+            f"only {stats.accepted} row(s) were accepted, too few for splits {splits}: split(s) {empty} got "
+            f"no sample (at least {dataset_writer.min_samples_for_splits(splits)} are needed); add rows or "
+            "drop those splits (e.g. --splits train=1)"
+        )
+    split_shards = {name: [s.path for s in stats.shards if s.split == name] for name in requested}
+    dataset_writer.prepare_energon_splits(root, split_shards, workers=prepare_workers)
     samples_of = {s.path: s.samples for s in stats.shards}
     content = {
         **info,
@@ -219,7 +298,11 @@ def finish_dataset(
             "quarantined": stats.quarantined,
             "accepted_by_kind": dict(sorted(stats.accepted_by_kind.items())),
             "quarantined_by_reason": dict(sorted(stats.quarantined_by_reason.items())),
+            "duplicates": stats.duplicates,
         },
+        "duplicates": "kept: counts.duplicates rows repeat an earlier accepted row's sample exactly "
+                      "(all fields but source, and media bytes)",
+        "split_method": "per sample, in row order, each to the split furthest below its ratio",
         "splits": {name: {"samples": sum(samples_of[p] for p in paths), "shards": paths}
                    for name, paths in split_shards.items()},
         "shards": [vars(s) for s in stats.shards],

@@ -20,12 +20,23 @@ the ids on either side of it are exactly the ids of the pieces encoded apart. Wh
 does not start with it (after a mid-conversation generation prompt), each turn is encoded
 apart. Tests prove both paths identical to the reference on thousands of real and synthetic
 conversations.
+
+**Control text.** Message or tool text holding a control token of the tokenizer (any special
+token, e.g. ``<|im_end|>``; see :func:`~rl_data.tokenization.validation.control_tokens`) would
+encode to that token's id, so data could forge turns. ``control_text="reject"`` (default)
+raises :class:`~rl_data.tokenization.validation.ControlTextError`; ``"plain_text"`` encodes
+such text as ordinary text: the control tokens in the data are hidden behind markers while the
+template renders, the render is cut at the template's own control tokens (their ids), and
+every piece between them is encoded with ``split_special_tokens`` after the markers are put
+back, so no special id comes from the data. Conversations without control text never take
+that path.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,7 +48,14 @@ from rl_data.tokenization.chat_template import (
     TURN_START,
     render_chatml,
 )
-from rl_data.tokenization.validation import validate_messages
+from rl_data.tokenization.validation import (
+    CONTROL_TEXT_POLICIES,
+    TrustedText,
+    control_text_error,
+    control_text_pattern,
+    find_control_text,
+    validate_messages,
+)
 
 if TYPE_CHECKING:
     from rl_data.interfaces import LLMMessageLogType, TaskDataSpec, TokenizerType
@@ -81,15 +99,22 @@ def get_formatted_message_log(
     add_eos_token: bool = True,
     add_generation_prompt: bool = False,
     tools: list[dict] | None = None,
+    control_text: str = "reject",
 ) -> LLMMessageLogType:
     """Validate, template and tokenize ``messages`` into a message log, rendering the template once.
 
     Each returned message is a copy of the input message (after ``task_data_spec``) whose
     ``content`` is this turn's slice of the templated text and ``token_ids`` its 1-D int64 ids
     (usually views of one tensor per conversation: ``clone()`` one before resizing it).
-    Raises ``ValueError`` for malformed messages (see :func:`validate_messages`).
+    Raises ``ValueError`` for malformed messages (see :func:`validate_messages`) and its
+    subclass ``ControlTextError`` for control text under ``control_text="reject"``.
     """
     conversation = _prepare(messages, task_data_spec)
+    mask = _control_text_mask(conversation, tools, tokenizer, control_text)
+    if mask is not None:
+        return _plain_text_message_log(
+            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), True
+        )
     chunks = _chunks_from_single_render(conversation, tokenizer, add_generation_prompt, tools)
     if chunks is None:
         chunks = _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, tools)
@@ -109,9 +134,15 @@ def get_formatted_message_log_reference(
     add_eos_token: bool = True,
     add_generation_prompt: bool = False,
     tools: list[dict] | None = None,
+    control_text: str = "reject",
 ) -> LLMMessageLogType:
     """The definition, computed literally: one template render per prefix, one tokenizer call per turn."""
     conversation = _prepare(messages, task_data_spec)
+    mask = _control_text_mask(conversation, tools, tokenizer, control_text)
+    if mask is not None:
+        return _plain_text_message_log(
+            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), False
+        )
     chunks = _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, tools)
     chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token)
     message_log = []
@@ -264,6 +295,96 @@ def _apply_bos_eos(chunks: list[str], tokenizer, add_bos_token: bool, add_eos_to
     if add_eos_token and eos is not None and not chunks[-1].endswith(eos):
         chunks[-1] += eos
     return chunks
+
+
+@dataclass(frozen=True)
+class _ControlTextMask:
+    """Hides the data's control tokens behind ``<marker><index><marker>`` while the template renders.
+
+    ``marker`` is a private-use character that occurs in no string of the conversation, so
+    every marker in the render comes from the data and every control token from the template.
+    """
+
+    tokens: tuple[str, ...]
+    pieces: re.Pattern[str]  # splits a render at control tokens, keeping them
+    marker: str
+
+    def hide(self, value: Any) -> Any:
+        if isinstance(value, TrustedText):
+            return value
+        if isinstance(value, str):
+            return self.pieces.sub(lambda m: f"{self.marker}{self.tokens.index(m.group())}{self.marker}", value)
+        if isinstance(value, dict):
+            return {self.hide(key): self.hide(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.hide(item) for item in value]
+        return value
+
+    def restore(self, text: str) -> str:
+        return re.sub(f"{self.marker}(\\d+){self.marker}", lambda m: self.tokens[int(m.group(1))], text)
+
+
+def _control_text_mask(conversation, tools, tokenizer, control_text: str) -> _ControlTextMask | None:
+    """None when the data holds no control text; raise under ``"reject"``; else the mask."""
+    if control_text not in CONTROL_TEXT_POLICIES:
+        raise ValueError(f"control_text must be one of {CONTROL_TEXT_POLICIES}, found {control_text!r}")
+    found = find_control_text(conversation, tools, tokenizer)
+    if found is None:
+        return None
+    if control_text == "reject":
+        raise control_text_error(*found)
+    pattern = control_text_pattern(tokenizer)
+    text = "".join(_strings([conversation, tools]))
+    marker = next(chr(code) for code in range(0xE000, 0xF900) if chr(code) not in text)
+    tokens = tuple(sorted(set(pattern.findall(text))))
+    return _ControlTextMask(tokens, re.compile(f"({pattern.pattern})"), marker)
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _plain_text_message_log(conversation, tokenizer, mask: _ControlTextMask, tools, flags, single_render: bool):
+    """The message log with the data's control text encoded as plain text (see the module docstring)."""
+    add_bos_token, add_eos_token, add_generation_prompt = flags
+    hidden, hidden_tools = mask.hide(conversation), mask.hide(tools) if tools else None
+    chunks = _chunks_from_single_render(hidden, tokenizer, add_generation_prompt, hidden_tools) if single_render else None
+    if chunks is None:
+        chunks = _chunks_from_prefix_renders(hidden, tokenizer, add_generation_prompt, hidden_tools)
+    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token)
+    pieces = [mask.pieces.split(chunk) for chunk in chunks]  # text, template control token, text, ...
+    texts = [mask.restore(text) for chunk_pieces in pieces for text in chunk_pieces[::2]]
+    encoded = iter(_encode_plain_text(tokenizer, texts))
+    token_ids = []
+    for chunk_pieces in pieces:
+        ids: list[int] = []
+        for index, piece in enumerate(chunk_pieces):
+            ids.extend(next(encoded) if index % 2 == 0 else [tokenizer.convert_tokens_to_ids(piece)])
+        token_ids.append(torch.tensor(ids, dtype=torch.long))
+    return [_turn(message, mask.restore(chunk), ids) for message, chunk, ids in zip(conversation, chunks, token_ids)]
+
+
+def _encode_plain_text(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Ids of ``texts`` with special tokens encoded as plain text (``split_special_tokens``).
+
+    transformers leaves the Rust backend's ``encode_special_tokens`` switched on after such a
+    call; it is put back so later calls encode as before.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    saved = getattr(backend, "encode_special_tokens", None)
+    try:
+        return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"] if texts else []
+    finally:
+        if saved is not None:
+            backend.encode_special_tokens = saved
 
 
 def _turn(message: dict, chunk: str, token_ids: torch.Tensor) -> dict[str, Any]:

@@ -7,7 +7,11 @@ row in a large dataset can be found and fixed.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import weakref
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -120,3 +124,128 @@ def _check_tool_answer(where: str, message: Mapping, issued_call_ids: list[str],
             f"{where}: tool_call_id {call_id!r} was not issued by an earlier assistant tool call; "
             f"expected one of {issued_call_ids}"
         )
+
+
+#: What to do with message text that contains a control token of the tokenizer (see
+#: :func:`find_control_text`): ``"reject"`` the conversation, or encode it as ``"plain_text"``.
+CONTROL_TEXT_POLICIES = ("reject", "plain_text")
+
+
+class ControlTextError(ValueError):
+    """Message text holds a control token of the tokenizer: encoded as is it would forge structure."""
+
+
+class TrustedText(str):
+    """Text the pipeline itself puts into messages (a processor's media placeholder), whose
+    control tokens are meant: never checked or hidden. Data decoded from JSON is a plain ``str``."""
+
+
+_PATTERNS: "weakref.WeakKeyDictionary[Any, tuple[Any, re.Pattern[str] | None]]" = weakref.WeakKeyDictionary()
+
+
+def control_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's control text: the content of every special token (added tokens marked
+    ``special`` and ``all_special_tokens``), longest first.
+
+    These are exactly the tokens ``split_special_tokens=True`` encodes as plain text; the
+    tokenizer's non-special added tokens (Qwen's ``<think>``, ``<tool_call>``, ...) are content
+    markup a model writes itself and are not control text.
+    """
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    tokens = {added.content for added in decoder.values() if added.special}
+    tokens.update(getattr(tokenizer, "all_special_tokens", ()) or ())
+    return tuple(sorted((t for t in tokens if t), key=lambda t: (-len(t), t)))
+
+
+def control_text_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A regex matching any control token of ``tokenizer`` (None when it has none).
+
+    Cached per tokenizer object until its size or special tokens change.
+    """
+    try:
+        size = len(tokenizer)
+    except TypeError:  # a wrapper without len(): its added tokens decide
+        size = len(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    version = (size, tuple(getattr(tokenizer, "all_special_tokens", ()) or ()))
+    try:
+        cached_version, pattern = _PATTERNS[tokenizer]
+        if cached_version == version:
+            return pattern
+    except (KeyError, TypeError):
+        pass
+    tokens = control_tokens(tokenizer)
+    pattern = _compile_alternatives(tokens) if tokens else None
+    with contextlib.suppress(TypeError):  # not weak-referenceable: recomputed next time
+        _PATTERNS[tokenizer] = (version, pattern)
+    return pattern
+
+
+def find_control_text(
+    messages: Sequence[Mapping[str, Any]], tools: Any, tokenizer: Any
+) -> tuple[str, str] | None:
+    """``(where, token)`` of the first control token inside message or tool text, else None.
+
+    Every string of the messages (content, text parts, tool calls, any other field a template
+    may render) and of ``tools`` is searched, including dict keys.
+    """
+    pattern = control_text_pattern(tokenizer)
+    if pattern is None or not _may_contain(pattern, messages, tools):
+        return None
+    for index, message in enumerate(messages):
+        role = message.get("role", "?") if isinstance(message, Mapping) else "?"
+        found = _search(pattern, message, "")
+        if found is not None:
+            return f"message {index} ({role}) {found[0].lstrip('.') or 'text'}", found[1]
+    found = _search(pattern, tools, "") if tools else None
+    return (f"tools{found[0]}", found[1]) if found is not None else None
+
+
+def control_text_error(where: str, token: str) -> ControlTextError:
+    """The error for control text found at ``where`` (what, why, and the two ways out)."""
+    return ControlTextError(
+        f"{where} contains the tokenizer control token {token!r}; encoded as is it becomes a special "
+        "token id (e.g. a forged turn). Remove it from the data, or set control_text='plain_text' "
+        "to encode such text as plain text"
+    )
+
+
+@lru_cache(maxsize=64)
+def _compile_alternatives(tokens: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(token) for token in tokens))
+
+
+def _may_contain(pattern: re.Pattern[str], messages: Sequence[Any], tools: Any) -> bool:
+    """A one-search prefilter: False only when no string of the messages can hold a match.
+
+    For the common shape (messages whose keys and values are all strings, no tools) the
+    strings are joined with NUL, which no control token contains, so a token cannot span two
+    of them; any other shape goes to the walk.
+    """
+    if tools or "\0" in pattern.pattern:
+        return True
+    join = "\0".join
+    try:
+        text = join(map(join, messages)) + "\0" + join([join(message.values()) for message in messages])
+    except (TypeError, AttributeError):
+        return True
+    return pattern.search(text) is not None
+
+
+def _search(pattern: re.Pattern[str], value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, TrustedText):
+        return None
+    if isinstance(value, str):
+        match = pattern.search(value)
+        return (path, match.group()) if match else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key!r}]"
+            found = _search(pattern, key, where) or _search(pattern, item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _search(pattern, item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None

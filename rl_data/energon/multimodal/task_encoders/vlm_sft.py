@@ -34,6 +34,7 @@ from rl_data.energon.task_encoders.cookers import ChatSample, decode_record, sft
 from rl_data.interfaces import VLMMessageLogType
 from rl_data.packed_tensor import PackedTensor
 from rl_data.tokenization import validate_messages
+from rl_data.tokenization.validation import TrustedText
 
 _MISSING_PART = {"image": "image processor", "video": "image processor", "audio": "feature extractor"}
 
@@ -102,7 +103,7 @@ def expand_media(
                 parts.append(part)
                 continue
             features = _process_part(part, media, processor, where=f"message {index}")
-            parts.append({"type": "text", "text": processor.placeholder(part["type"], features)})
+            parts.append({"type": "text", "text": TrustedText(processor.placeholder(part["type"], features))})
             for name, tensor in features.items():
                 collected.setdefault(name, []).append(tensor)
         texts.append({**message, "content": parts})
