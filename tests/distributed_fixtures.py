@@ -16,12 +16,15 @@ from rl_data.distributed.placement import config_layout, placement_fingerprint
 
 #: Every ray.get in these tests waits at most this long.
 TIMEOUT_S = 60.0
+#: Energon loader worker processes the exactly-once and kill tests run with.
+ENERGON_WORKERS = (0, 2)
 
 
-def train_spec(dataset: Any, **overrides: Any) -> LoaderSpec:
-    """Train split, shuffled, 2 conversations per batch, virtual epochs of 5 batches."""
+def train_spec(dataset: Any, workers: int = 0, **overrides: Any) -> LoaderSpec:
+    """Train split, shuffled, 2 conversations per batch, virtual epochs of 5 batches; ``workers`` Energon workers."""
+    energon = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "num_workers": workers}
     args: dict[str, Any] = dict(
-        data_config={"energon": {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10}, "shuffle": True},
+        data_config={"energon": energon, "shuffle": True},
         source={"path": dataset.path, "split": "train", "virtual_epoch_length": 5},
         batch_size=2,
         max_sequence_length=256,
@@ -83,6 +86,24 @@ def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwa
             ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
         ray.kill(handle, no_restart=True)
         wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
+
+
+def ids_of(ray: Any, refs: list[Any]) -> list[list[str]]:
+    """``[rank] -> source ids`` of one step's batch refs."""
+    return [list(batch["source_ids"]) for batch in ray.get(refs, timeout=TIMEOUT_S)]
+
+
+def wait_for(predicate: Any, what: str, timeout: float = TIMEOUT_S) -> Any:
+    """Poll ``predicate`` until it returns a true value; fail naming ``what`` after ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def consume(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> list[list[list[str]]]:

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from distributed_fixtures import TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from distributed_fixtures import (
+    TIMEOUT_S,
+    consume,
+    ids_of,
+    reference_stream,
+    running_coordinator,
+    runtime_config,
+    train_spec,
+    wait_for,
+)
 from rl_data.distributed import CoordinatorClient, CoordinatorNotFoundError, attach
 
 _RL_LOOP = textwrap.dedent(
@@ -77,3 +86,56 @@ def test_attach_in_a_connected_driver_wraps_the_named_handle(ray_session, energo
         assert feed.save_checkpoint(str(tmp_path / "ckpt")) == str(tmp_path / "ckpt" / "rl_data_state.pt")
     with pytest.raises(CoordinatorNotFoundError, match=r"no data coordinator named 'local_feed' in Ray namespace 'rl_data_tests'"):
         attach("local_feed", "rl_data_tests")
+
+
+def _handed_step(ray, coordinator) -> int:
+    return ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["handed_step"]
+
+
+@pytest.mark.timeout(180)
+def test_a_next_step_that_timed_out_is_answered_with_the_same_step_when_repeated(ray_session, energon_dataset, tokenizer):
+    # Issue 12 item 4: the repeated call used to return step 2, and commit(2) covered step 1.
+    from ray.exceptions import GetTimeoutError
+
+    ray = ray_session
+    spec = train_spec(energon_dataset)
+    config = runtime_config(2, 0, name="slow_feed", injected_delay_s={1: 2.5})
+    expected = reference_stream(spec, config, tokenizer, 2)
+    with running_coordinator(ray, config, spec) as coordinator:
+        feed = attach("slow_feed", "rl_data_tests", timeout_s=1.0)
+        with pytest.raises(GetTimeoutError):
+            feed.next_step()
+        wait_for(lambda: _handed_step(ray, coordinator) == 1, "the coordinator to hand out step 1")
+        step, refs = feed.next_step()  # re-delivered
+        assert (step, ids_of(ray, refs)) == (1, expected[0])
+        feed.timeout_s = TIMEOUT_S
+        step, refs = feed.next_step()
+        assert (step, ids_of(ray, refs)) == (2, expected[1])
+        feed.commit(step)
+
+
+@pytest.mark.timeout(180)
+def test_after_leaving_prefetched_steps_early_next_step_returns_the_first_step_not_returned(ray_session, energon_dataset, tokenizer):
+    # Issue 12 item 4: next_step used to return step 6 here, and committing it covered 4 and 5.
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1, name="closed_early")
+    expected = reference_stream(spec, config, tokenizer, 6)
+    with running_coordinator(ray, config, spec) as coordinator:
+        feed = attach("closed_early", "rl_data_tests", timeout_s=TIMEOUT_S)
+        with feed.prefetched_steps(transform=lambda batches: [list(b["source_ids"]) for b in batches]) as steps:
+            assert [next(steps) for _ in range(3)] == [(k + 1, expected[k]) for k in range(3)]
+            wait_for(lambda: _handed_step(ray, coordinator) >= 5, "the prefetcher to run two steps ahead")
+        step, refs = feed.next_step()
+        assert (step, ids_of(ray, refs)) == (4, expected[3])
+        feed.commit(step)
+        assert feed.pending_steps() == [5]
+        assert ids_of(ray, feed.redeliver(5)) == expected[4]  # fresh refs, the same batches
+        with pytest.raises(ValueError, match=r"cannot hand out step 4: step 4 is already committed; the pending steps are 5..5 and the next new step is 6; ask for one of those"):
+            ray.get(feed.handle.next_step.remote(expected_step=4), timeout=TIMEOUT_S)
+        with pytest.raises(ValueError, match=r"cannot hand out step 7: the pending steps are 5..5 and the next new step is 6"):
+            ray.get(feed.handle.next_step.remote(expected_step=7), timeout=TIMEOUT_S)
+        with pytest.raises(ValueError, match=r"cannot re-deliver step 6: the pending steps \(handed out, not committed\) are 5..5; ask next_step for a new step"):
+            feed.redeliver(6)
+        assert [ids_of(ray, feed.next_step()[1]) for _ in range(2)] == expected[4:6]
+        feed.commit(6)
+        assert feed.pending_steps() == []

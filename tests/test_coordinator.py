@@ -20,10 +20,10 @@ from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
 from rl_data.distributed.config import ParallelLayout
 
 
-@pytest.mark.parametrize("prefetch_depth,world_size", [(0, 2), (1, 3), (4, 4)])
-def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size):
+@pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), (4, 4, 0), (1, 2, 2)])
+def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size, workers):
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(world_size, prefetch_depth)
+    spec, config = train_spec(energon_dataset, workers), runtime_config(world_size, prefetch_depth)
     committed, resumed = 3, 4
     expected = reference_stream(spec, config, tokenizer, committed + resumed)
     with running_coordinator(ray, config, spec) as coordinator:
@@ -68,7 +68,7 @@ def test_commit_rules_and_checkpoint_content(ray_session, energon_dataset, tmp_p
             assert rank_state["loader_state"].dtype == torch.uint8
             assert rank_state["identity"]["topology"]["placement"] == status["placement_fingerprint"]
             assert rank_state["identity"]["topology"]["logical_rank"] == rank
-        with pytest.raises(RuntimeError, match=r"load_state_dict after step 3 was handed out; restore a checkpoint into a fresh coordinator"):
+        with pytest.raises(RuntimeError, match=r"load_state_dict after next_step was called \(last step handed out: 3\); restore a checkpoint into a fresh coordinator, or right after a restore, before next_step"):
             ray.get(coordinator.load_state_dict.remote(initial), timeout=TIMEOUT_S)
         # next_step(commit=k): commit the trained step and take the next one in one round trip
         assert ray.get(coordinator.next_step.remote(commit=3), timeout=TIMEOUT_S)[0] == 4
@@ -92,6 +92,23 @@ def saved_checkpoint(ray_session, energon_dataset, tmp_path_factory):
 @pytest.fixture(scope="module")
 def other_dataset(tmp_path_factory, chat_conversations):
     return write_chat_dataset(tmp_path_factory.mktemp("other_chat"), chat_conversations[240:480], samples_per_shard=12)
+
+
+def test_a_second_restore_before_any_step_replaces_the_first(ray_session, energon_dataset, tokenizer, saved_checkpoint):
+    # Issue 12 item 8: the second load used to be refused "after step 2 was handed out".
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    expected = reference_stream(spec, config, tokenizer, 4)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
+        assert consume(ray, coordinator, 1) == expected[2:3]
+        later = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    with running_coordinator(ray, config, spec) as coordinator:
+        ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
+        assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
+        assert consume(ray, coordinator, 2) == expected[2:4]
+        with pytest.raises(RuntimeError, match=r"load_state_dict after next_step was called \(last step handed out: 4\)"):
+            ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
 
 
 def test_checkpoint_of_another_world_size_and_parallel_layout_is_refused(ray_session, energon_dataset, tokenizer, saved_checkpoint):
@@ -240,6 +257,38 @@ def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session
         time.sleep(0.1)
     else:
         raise AssertionError("the coordinator that failed to start is still registered")
+
+
+@pytest.mark.timeout(180)
+def test_a_coordinator_killed_without_shutdown_leaves_no_placement_group_to_the_next_one(ray_session, energon_dataset, tokenizer):
+    # Issue 12 item 6: the killed coordinator's group kept 3 of the session's 4 GPUs reserved,
+    # and the next coordinator of that name timed out reserving its own.
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    from rl_data.distributed.client import wait_until_name_is_free
+    from rl_data.distributed.coordinator import start_data_coordinator
+
+    ray = ray_session
+    spec = train_spec(energon_dataset)
+    bundle = {"CPU": 0.25, "GPU": 3.0}
+    config = runtime_config(1, 0, name="crashed_feed", bundle_resources=bundle, control_timeout_s=20)
+
+    def live_groups():
+        return {i: g for i, g in placement_group_table().items() if g["bundles"] == {0: bundle} and g["state"] != "REMOVED"}
+
+    try:
+        crashed = start_data_coordinator(config, spec)
+        ray.kill(crashed, no_restart=True)
+        wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
+        assert len(live_groups()) == 1  # Ray keeps it while this driver runs
+        with running_coordinator(ray, config, spec) as coordinator:
+            assert [g["name"] for g in live_groups().values()] == ["rl_data.coordinator:rl_data_tests/crashed_feed"]
+            assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)
+        assert live_groups() == {}
+    finally:
+        for group_id in live_groups():
+            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group_id))))
 
 
 def test_the_coordinator_module_imports_without_torch():

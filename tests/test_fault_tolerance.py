@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_fixtures import TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from distributed_fixtures import ENERGON_WORKERS, TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
 from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError
 
 
@@ -17,9 +17,11 @@ def _ids(ray, refs):
     return [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)]
 
 
-def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session, energon_dataset, tokenizer, tmp_path):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session, energon_dataset, tokenizer, tmp_path, workers):
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 2)
+    spec, config = train_spec(energon_dataset, workers), runtime_config(2, 2)
     expected = reference_stream(spec, config, tokenizer, 10)
     with running_coordinator(ray, config, spec) as coordinator:
         consumed = consume(ray, coordinator, 2)
@@ -80,5 +82,91 @@ def test_a_rank_that_dies_more_often_than_allowed_fails_clearly(ray_session, ene
     with running_coordinator(ray, config, train_spec(energon_dataset)) as coordinator:
         consume(ray, coordinator, 1)
         _kill_rank(ray, coordinator, 0)
-        with pytest.raises(RankFailedError, match=r"rank 0 died 1 times, more than max_rank_restarts=0; last cause: "):
+        with pytest.raises(RankFailedError, match=r"rank 0 died 1 times, more than max_rank_restarts=0; last cause \(while serving steps\): "):
             ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+
+
+def _next_step_retrying(ray, coordinator, tries: int = 30, **kwargs):
+    """``next_step`` repeated while a rank times out (the coordinator keeps its requests)."""
+    for _ in range(tries - 1):
+        try:
+            return ray.get(coordinator.next_step.remote(**kwargs), timeout=TIMEOUT_S)
+        except RankTimeoutError:
+            continue
+    return ray.get(coordinator.next_step.remote(**kwargs), timeout=TIMEOUT_S)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session, energon_dataset, tokenizer, workers):
+    # Issue 12 item 2: rank 1 needs 1.5 s a batch, the step timeout is 1 s. Killed with steps 2
+    # and 3 pending, its replacement times out re-producing step 2; the retries must finish
+    # the re-production (never hand out a batch of an actor that has not caught up).
+    ray = ray_session
+    spec = train_spec(energon_dataset, workers)
+    config = runtime_config(2, 2, step_timeout_s=1.0, injected_delay_s={1: 1.5})
+    expected = reference_stream(spec, config, tokenizer, 6)
+    with running_coordinator(ray, config, spec) as coordinator:
+        taken = [_next_step_retrying(ray, coordinator) for _ in range(3)]
+        ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
+        _kill_rank(ray, coordinator, 1)
+        with pytest.raises(RankTimeoutError, match=r"rank 1 did not finish re-producing the batch for step 2 within 1 s"):
+            ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+        taken += [_next_step_retrying(ray, coordinator) for _ in range(3)]
+        assert [step for step, _ in taken] == [1, 2, 3, 4, 5, 6]
+        # Steps 2 and 3 were re-produced by the replacement: fresh refs, the same samples.
+        assert [_ids(ray, refs) for _, refs in taken] == expected
+        redelivered = [ray.get(coordinator.redeliver.remote(step), timeout=TIMEOUT_S) for step in (2, 3)]
+        assert [_ids(ray, refs) for refs in redelivered] == expected[1:3]
+        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        assert (status["restarts"], status["recovering_ranks"]) == ([0, 1], [])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+def test_a_rank_that_died_before_a_restore_is_replaced_and_restored(ray_session, energon_dataset, tokenizer, tmp_path, workers):
+    # Issue 12 item 3: the restore used to fail with a bare ActorDiedError, and the next steps
+    # mixed restored ranks with a fresh one.
+    ray = ray_session
+    spec, config = train_spec(energon_dataset, workers), runtime_config(3, 1)
+    expected = reference_stream(spec, config, tokenizer, 5)
+    with running_coordinator(ray, config, spec) as coordinator:
+        consume(ray, coordinator, 2)
+        ray.get(coordinator.save_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S)
+    with running_coordinator(ray, config, spec) as coordinator:
+        _kill_rank(ray, coordinator, 1)
+        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
+        assert consume(ray, coordinator, 3) == expected[2:]
+        assert ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["restarts"] == [0, 1, 0]
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_restore_refuses_every_step_until_a_restore_succeeds(ray_session, energon_dataset, tokenizer):
+    import torch
+
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    expected = reference_stream(spec, config, tokenizer, 4)
+    with running_coordinator(ray, config, spec) as coordinator:
+        consume(ray, coordinator, 2)
+        good = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    damaged = {**good, "ranks": [good["ranks"][0], {**good["ranks"][1], "loader_state": torch.zeros(3)}]}
+    with running_coordinator(ray, config, spec) as coordinator:
+        # Rank 0 restores, rank 1 refuses its state: the coordinator is half restored.
+        with pytest.raises(RankFailedError, match=r"rank 1 failed while restoring its checkpoint state: "):
+            ray.get(coordinator.load_state_dict.remote(damaged), timeout=TIMEOUT_S)
+        refusal = (
+            r"refusing {call}: restoring the checkpoint of step 2 failed: rank 1 failed while restoring its "
+            r"checkpoint state: .*; call load_checkpoint/load_state_dict again until it succeeds"
+        )
+        with pytest.raises(RuntimeError, match=refusal.format(call="next_step")) as refused:
+            ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+        from rl_data.distributed.coordinator import RestoreIncompleteError
+
+        assert isinstance(refused.value, RestoreIncompleteError)
+        with pytest.raises(RestoreIncompleteError, match=refusal.format(call="state_dict")):
+            ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+        with pytest.raises(RestoreIncompleteError, match=refusal.format(call="commit")):
+            ray.get(coordinator.commit.remote(0), timeout=TIMEOUT_S)
+        ray.get(coordinator.load_state_dict.remote(good), timeout=TIMEOUT_S)
+        assert consume(ray, coordinator, 2) == expected[2:]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from distributed_fixtures import TIMEOUT_S, runtime_config, train_spec
+from distributed_fixtures import TIMEOUT_S, runtime_config, train_spec, wait_for
 from rl_data.distributed.config import LoaderSpec
 from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
@@ -43,23 +43,13 @@ def _direct_loader(spec: LoaderSpec, tokenizer, rank: int = 0, world_size: int =
     )
 
 
-def _wait_for(predicate, what: str, timeout: float = TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_session, spawn, energon_dataset, tokenizer):
     ray = ray_session
     spec = train_spec(energon_dataset)
     actor = spawn(spec, rank=1, prefetch_depth=3)
     initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
     ray.get(actor.start.remote(), timeout=TIMEOUT_S)
-    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "3 prefetched batches")
+    status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "3 prefetched batches")
     assert status["produced"] == 3 and status["handed_out"] == 0
     time.sleep(0.3)  # it stops at the prefetch depth
     assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 3
@@ -69,7 +59,7 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
         batch_ref, state_ref = actor.next_batch.remote()
         batches.append(list(ray.get(batch_ref, timeout=TIMEOUT_S)["source_ids"]))
         states.append(ray.get(state_ref, timeout=TIMEOUT_S))
-    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "refill")
+    status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "refill")
     assert status["produced"] == 10 and status["handed_out"] == 7
 
     direct = _direct_loader(spec, tokenizer, rank=1)
@@ -111,7 +101,7 @@ def test_answers_status_state_and_shutdown_while_producing(ray_session, spawn, e
     initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
     batch_ref, _ = actor.next_batch.remote()
     started = time.monotonic()
-    status = _wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=5))["activity"] == "producing batch 0" and s, "producing")
+    status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=5))["activity"] == "producing batch 0" and s, "producing")
     assert status["produced"] == 0
     assert ray.get(actor.state_dict.remote(), timeout=5)["loader_state"].equal(initial["loader_state"])
     ray.get(actor.shutdown.remote(), timeout=5)
@@ -135,3 +125,19 @@ def test_exhausted_validation_split_raises_on_the_next_request(ray_session, spaw
     assert sizes == [5, 5, 5, 5, 4]  # 24 validation samples
     with pytest.raises(DataExhaustedError, match=r"rank 0 of 1: the validation loader has no batch after 5 batches"):
         ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)
+
+
+@pytest.mark.timeout(120)
+def test_status_counts_the_zero_loss_samples_it_handed_out(ray_session, spawn, energon_dataset, tokenizer):
+    ray = ray_session
+    actor = spawn(train_spec(energon_dataset, batch_size=8, max_sequence_length=64), rank=0, world_size=1)
+    zero_loss = handed = 0
+    for _ in range(3):
+        batch_ref, _state = actor.next_batch.remote()
+        batch = ray.get(batch_ref, timeout=TIMEOUT_S)
+        zero_loss += int((batch["loss_multiplier"] == 0).sum())
+        handed += len(batch["source_ids"])
+    status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
+    assert 0 < zero_loss < handed == 24  # a 64-token limit cuts some chitchat conversations, not all
+    assert (status["handed_out_samples"], status["zero_loss_samples"]) == (handed, zero_loss)
+    assert status["dropped_samples"] == 0 and status["skipped_samples"] == 0

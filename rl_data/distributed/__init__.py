@@ -24,6 +24,7 @@ from rl_data.distributed.coordinator import (
     DataCoordinator,
     RankFailedError,
     RankTimeoutError,
+    RestoreIncompleteError,
     start_data_coordinator,
 )
 from rl_data.distributed.placement import (
@@ -48,6 +49,7 @@ __all__ = [
     "RankFailedError",
     "RankPlacement",
     "RankTimeoutError",
+    "RestoreIncompleteError",
     "RuntimeConfig",
     "StepPrefetcher",
     "adopt_placement_group",

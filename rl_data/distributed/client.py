@@ -17,6 +17,14 @@ or, with the next step fetched while the current one trains (commits piggybacked
 
 ``get_coordinator`` returns the raw actor handle; :func:`attach` also connects the driver and
 wraps the handle in a :class:`CoordinatorClient` whose calls wait with a timeout.
+
+No step is skipped: the client asks for the step it expects (``next_step(expected_step=k)``),
+the first uncommitted step when it starts, then the step after the last one received. A call
+that timed out and is repeated gets the same step (re-delivered), and after leaving
+``prefetched_steps()`` early, ``next_step()`` returns the first step the loop did not return.
+A consumer whose refs cannot be fetched any more (their node died) asks
+``redeliver(step)`` for fresh refs with the same batches; ``pending_steps()`` lists the
+steps handed out and not committed.
 """
 
 from __future__ import annotations
@@ -79,10 +87,36 @@ class CoordinatorClient:
 
     def __init__(self, handle: Any, *, timeout_s: float = 600.0) -> None:
         self.handle, self.timeout_s = handle, timeout_s
+        self._expected: Optional[int] = None  # the step the next next_step() asks for
 
     def next_step(self) -> tuple[int, list[Any]]:
-        """``(step, refs)``: the next step and one batch ObjectRef per logical rank."""
-        return self._get(self.handle.next_step.remote())
+        """``(step, refs)``: the step after the last one received and one batch ObjectRef per logical rank.
+
+        The first call asks for the first uncommitted step. After a timeout, calling again
+        returns the same step (the coordinator re-delivers it), never the one after.
+        """
+        step, refs = self._get(self.handle.next_step.remote(expected_step=self.expected_step()))
+        self._expected = step + 1
+        return step, refs
+
+    def expected_step(self) -> int:
+        """The step the next :meth:`next_step` returns."""
+        if self._expected is None:
+            self._expected = self._get(self.handle.progress.remote())["committed_step"] + 1
+        return self._expected
+
+    def redeliver_from(self, step: int) -> None:
+        """Make the next :meth:`next_step` return ``step`` (pending steps are re-delivered)."""
+        self._expected = step
+
+    def redeliver(self, step: int) -> list[Any]:
+        """Fresh refs of a pending step (handed out, not committed), e.g. after fetching one failed."""
+        return self._get(self.handle.redeliver.remote(step))
+
+    def pending_steps(self) -> list[int]:
+        """The steps handed out and not yet committed, in order."""
+        progress = self._get(self.handle.progress.remote())
+        return list(range(progress["committed_step"] + 1, progress["handed_step"] + 1))
 
     def fetch(self, ref: Any, device: Any = None, *, writable: bool = False) -> Any:
         """The batch behind ``ref`` as a ``BatchedDataDict`` on ``device`` (default: CUDA if present)."""
@@ -93,12 +127,20 @@ class CoordinatorClient:
     def commit(self, step: int) -> None:
         """Mark every step up to ``step`` consumed (call after the training step finished)."""
         self._get(self.handle.commit.remote(step))
+        self._expected = max(self._expected or 0, step + 1)
 
     def prefetched_steps(self, *, transform: Any = None, fetch: bool = True) -> "StepPrefetcher":
-        """A :class:`~rl_data.distributed.step_prefetcher.StepPrefetcher` over this coordinator."""
+        """A :class:`~rl_data.distributed.step_prefetcher.StepPrefetcher` from :meth:`expected_step` on.
+
+        When it closes, this client's next :meth:`next_step` returns the first step the
+        prefetcher did not return to the trainer.
+        """
         from rl_data.distributed.step_prefetcher import StepPrefetcher
 
-        return StepPrefetcher(self.handle, transform=transform, fetch=fetch, timeout_s=self.timeout_s)
+        return StepPrefetcher(
+            self.handle, transform=transform, fetch=fetch, timeout_s=self.timeout_s,
+            start_step=self.expected_step(), on_close=self.redeliver_from,
+        )
 
     def status(self) -> dict[str, Any]:
         """Handed-out and committed steps, restarts and what every rank is doing."""

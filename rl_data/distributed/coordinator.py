@@ -6,14 +6,32 @@ A named async actor (``config.name`` in ``config.namespace``) that creates one
 Ownership, decided deliberately: the coordinator *calls* ``RankActor.next_batch``, so it owns
 every batch handed out (and the small state that follows it) until the step is committed.
 Those objects live in the object store of the producer's node, not in the producer process,
-so they survive a rank actor's death; the coordinator never fetches a batch (only the state,
-a few KB). Batches below Ray's inline threshold (100 KB) travel inside the task reply and sit
-in the coordinator's memory until commit; larger ones stay in the object store. The trainer
-borrows the refs returned by :meth:`next_step` and keeps them alive as long as it needs.
+so they survive a rank actor's death (not its node's); the coordinator never fetches a batch
+(only the state, a few KB). Batches below Ray's inline threshold (100 KB) travel inside the
+task reply and sit in the coordinator's memory until commit; larger ones stay in the object
+store. The trainer borrows the refs returned by :meth:`next_step` as long as it needs them.
 
-Exactly once: ``commit(k)`` stores, per rank, the loader state that followed step k's batch;
-``state_dict()`` is that checkpoint. A rank that dies is recreated in its bundle, restored
-from the last committed state, and re-produces the steps handed out since, identically.
+Exactly once, step by step:
+
+* ``commit(k)`` stores, per rank, the loader state that followed step k's batch;
+  ``state_dict()`` is that checkpoint. A step is *pending* from the moment it is handed out
+  until it is committed, and its refs are kept while it is pending.
+* ``next_step(expected_step=k)`` returns exactly step k: re-delivered (same batches) if it is
+  pending, produced if it is the next one; a committed step or one past the next is refused.
+  A consumer that passes the step it expects (``CoordinatorClient`` does) never skips a step:
+  a call that timed out on its side and is repeated gets the same step. Without
+  ``expected_step`` the next new step is produced (one consumer that never retries).
+* A rank actor that dies is replaced in its bundle, restored from the last commit, and
+  re-produces every pending step (identical batches, fresh refs) before it serves anything
+  else. A replacement that times out is resumed by the next call, never skipped; a
+  replacement that dies is redone from the start. A re-delivery first checks that every rank
+  is alive, so after a node loss the lost batches are re-produced and re-delivered.
+* ``load_state_dict`` is all or nothing: a rank that dies while restoring is replaced and
+  restored again; if the restore still fails, every step, commit and checkpoint is refused,
+  naming the rank, until a restore succeeds. Restoring is allowed until the first
+  ``next_step`` after creation or after the last restore.
+* The placement group is named after the coordinator; a new coordinator of the same name
+  removes a group left behind by a coordinator that died without ``shutdown``.
 
 Elastic resume (later): ``next_step`` returns one ref per logical shard; today shard r is the
 batch of DP rank r. The shard -> DP-rank mapping belongs here, not in rank actors or loaders.
@@ -26,6 +44,7 @@ import importlib
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import ray
@@ -34,7 +53,12 @@ from ray.exceptions import RayActorError, RayTaskError
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.metrics import CoordinatorMetrics
-from rl_data.distributed.placement import RankPlacement, adopt_placement_group, create_rank_placement
+from rl_data.distributed.placement import (
+    RankPlacement,
+    adopt_placement_group,
+    create_rank_placement,
+    remove_leftover_placement_group,
+)
 from rl_data.distributed.rank_actor import RankActor
 
 CHECKPOINT_FORMAT = "rl_data.distributed.coordinator"
@@ -47,6 +71,19 @@ class RankTimeoutError(TimeoutError):
 
 class RankFailedError(RuntimeError):
     """A rank actor failed (its loader raised, or it died more often than allowed)."""
+
+
+class RestoreIncompleteError(RuntimeError):
+    """The last checkpoint restore failed part way: steps are refused until a restore succeeds."""
+
+
+@dataclass
+class _Recovery:
+    """A replacement rank actor on its way back: restore call, then one re-production per pending step."""
+
+    restore: Any  # the outstanding load_state_dict call, None once it finished
+    step: int  # the next pending step to re-produce
+    call: Any = None  # the outstanding next_batch call for ``step``
 
 
 class DataCoordinator:
@@ -62,6 +99,8 @@ class DataCoordinator:
         self._config, self._spec = config, loader_spec
         self._metrics = CoordinatorMetrics(config.name)
         if placement_group is None:
+            if self._holds_its_name():  # so no live coordinator of this name uses a group of that name
+                remove_leftover_placement_group(config)
             self._placement: RankPlacement = create_rank_placement(config)
         else:
             self._placement = adopt_placement_group(placement_group, bundle_of_rank or (), config)
@@ -77,6 +116,9 @@ class DataCoordinator:
         self._handed_step = 0
         self._pending: dict[int, tuple[list[Any], list[dict[str, Any]]]] = {}
         self._next_calls: dict[int, Any] = {}  # rank -> outstanding next_batch call
+        self._recoveries: dict[int, _Recovery] = {}  # rank -> its replacement, until caught up
+        self._producing = False  # next_step produced (or tried to) since creation or the last restore
+        self._restore_failure: Optional[str] = None
 
     async def ready(self) -> dict[str, Any]:
         """Wait for the placement group and every rank's loader; return :meth:`status`."""
@@ -97,18 +139,24 @@ class DataCoordinator:
         if not self._committed_states:  # a concurrent call may have finished first
             self._committed_states = list(states)
 
-    async def next_step(self, commit: Optional[int] = None) -> tuple[int, list[Any]]:
+    async def next_step(self, commit: Optional[int] = None, expected_step: Optional[int] = None) -> tuple[int, list[Any]]:
         """Step k and one batch ref per logical rank (refs are handed out, data is never fetched).
 
         ``commit``: first :meth:`commit` that step, so a trainer needs one round trip per
-        step: ``next_step(commit=k)`` once step k is trained.
+        step: ``next_step(commit=k)`` once step k is trained. ``expected_step``: the step the
+        caller wants; a pending step is re-delivered, the next one is produced (see the module
+        docstring). Without it the next new step is produced.
         """
         if commit is not None:
             await self.commit(commit)
         started = time.monotonic()
         await self._ensure_ready()
         async with self._lock:
-            step = self._handed_step + 1
+            self._refuse_if_restore_failed("next_step")
+            step = self._handed_step + 1 if expected_step is None else self._check_expected(expected_step)
+            if step <= self._handed_step:
+                return step, await self._redeliver(step)
+            self._producing = True
             results = await asyncio.gather(
                 *(self._next_batch(r, step) for r in range(len(self._ranks))), return_exceptions=True
             )
@@ -121,9 +169,30 @@ class DataCoordinator:
             self._metrics.record_step(time.monotonic() - started)
             return step, [ref for ref, _ in results]
 
+    async def redeliver(self, step: int) -> list[Any]:
+        """Fresh refs of pending ``step`` (handed out, not committed), e.g. after a fetch failed.
+
+        Every rank is checked first: a rank that died (with its node's objects) is replaced and
+        re-produces the pending steps, so the refs returned can be fetched.
+        """
+        await self._ensure_ready()
+        async with self._lock:
+            self._refuse_if_restore_failed("redeliver")
+            if not self._committed_step < step <= self._handed_step:
+                raise ValueError(
+                    f"cannot re-deliver step {step}: the pending steps (handed out, not committed) are "
+                    f"{self._pending_range()}; ask next_step for a new step"
+                )
+            return await self._redeliver(step)
+
+    async def progress(self) -> dict[str, int]:
+        """``{"committed_step", "handed_step"}`` (answers at once, also while a step is produced)."""
+        return {"committed_step": self._committed_step, "handed_step": self._handed_step}
+
     async def commit(self, step: int) -> None:
         """Record that the trainer consumed every step up to and including ``step``."""
         async with self._lock:
+            self._refuse_if_restore_failed("commit")
             if step == self._committed_step:
                 return
             if step < self._committed_step:
@@ -142,6 +211,7 @@ class DataCoordinator:
     async def state_dict(self) -> dict[str, Any]:
         """The checkpoint for the last committed step (loads with ``torch.load(weights_only=True)``)."""
         await self._ensure_ready()
+        self._refuse_if_restore_failed("state_dict")
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_FORMAT_VERSION,
@@ -151,52 +221,33 @@ class DataCoordinator:
         }
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore every rank from a checkpoint; only before the first step.
+        """Restore every rank from a checkpoint, all or nothing; only before the first step.
 
         Refuses (``ValueError``, nothing restored) another format, another placement layout
-        and any rank whose loader identity differs, listing the differences.
+        and any rank whose loader identity differs, listing the differences. Allowed again
+        before the first step after a restore. A rank that dies while restoring is replaced
+        and restored again; if the restore still fails, steps are refused until one succeeds.
         """
-        from rl_data.energon.identity import _identity_differences
-
         await self._ensure_ready()
         async with self._lock:
-            if self._handed_step or self._next_calls:
+            if self._producing or self._next_calls:
                 raise RuntimeError(
-                    f"load_state_dict after step {self._handed_step} was handed out; restore a "
-                    "checkpoint into a fresh coordinator, before its first next_step"
+                    f"load_state_dict after next_step was called (last step handed out: {self._handed_step}); "
+                    "restore a checkpoint into a fresh coordinator, or right after a restore, before next_step"
                 )
-            if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-                found = state.get("format") if isinstance(state, dict) else type(state).__name__
-                raise ValueError(f"not a data coordinator checkpoint: format {found!r}, expected {CHECKPOINT_FORMAT!r}")
-            if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-                raise ValueError(
-                    f"coordinator checkpoint format version {state.get('format_version')!r}; this "
-                    f"version reads {CHECKPOINT_FORMAT_VERSION}"
+            self._check_checkpoint(state)
+            self._restore_failure = f"restoring the checkpoint of step {state['step']} did not finish"
+            try:
+                await asyncio.gather(
+                    *(self._restore_rank(rank, saved) for rank, saved in enumerate(state["ranks"]))
                 )
-            lines = _identity_differences(state["placement"]["layout"], self._placement.layout)
-            if lines:
-                raise ValueError(
-                    "Placement layout changed: " + "; ".join(lines) + "; restore with the "
-                    "layout (world size, bundles, strategy, parallel sizes) the checkpoint was saved with"
-                )
-            if len(state["ranks"]) != len(self._ranks):
-                raise ValueError(
-                    f"checkpoint holds {len(state['ranks'])} rank states for logical world size "
-                    f"{len(self._ranks)}; the checkpoint is damaged"
-                )
-            for rank, (saved, current) in enumerate(zip(state["ranks"], self._committed_states)):
-                lines = _identity_differences(saved.get("identity"), current.get("identity"))
-                if lines:
-                    raise ValueError(f"rank {rank}: Energon loader identity changed: " + "; ".join(lines))
-            timeout = self._config.control_timeout_s
-            await asyncio.gather(
-                *(
-                    self._await(actor.load_state_dict.remote(saved), timeout, rank, "restoring its checkpoint state")
-                    for rank, (actor, saved) in enumerate(zip(self._ranks, state["ranks"]))
-                )
-            )
+            except BaseException as error:
+                self._restore_failure = f"restoring the checkpoint of step {state['step']} failed: {error}"
+                raise
+            self._restore_failure = None
             self._committed_states = list(state["ranks"])
             self._committed_step = self._handed_step = int(state["step"])
+            self._pending.clear()
             self._metrics.record_restore("checkpoint")
             self._metrics.record_committed(self._committed_step)
 
@@ -224,6 +275,8 @@ class DataCoordinator:
             "committed_step": self._committed_step,
             "placement_fingerprint": self._placement.fingerprint,
             "restarts": list(self._restarts),
+            "recovering_ranks": sorted(self._recoveries),
+            "restore_failure": self._restore_failure,
             "rank_actor_names": [self._rank_actor_name(r) for r in range(len(self._ranks))],
             "ranks": ranks,
         }
@@ -233,6 +286,72 @@ class DataCoordinator:
         for actor in self._ranks:
             ray.kill(actor, no_restart=True)
         self._placement.release()
+
+    def _holds_its_name(self) -> bool:
+        try:
+            holder = ray.get_actor(self._config.name, namespace=self._config.namespace)
+        except ValueError:
+            return False
+        return holder._actor_id.hex() == ray.get_runtime_context().get_actor_id()
+
+    def _check_expected(self, expected: int) -> int:
+        if expected <= self._committed_step or expected > self._handed_step + 1:
+            committed = "" if expected > self._committed_step else f"step {expected} is already committed; "
+            raise ValueError(
+                f"cannot hand out step {expected}: {committed}the pending steps are {self._pending_range()} "
+                f"and the next new step is {self._handed_step + 1}; ask for one of those"
+            )
+        return expected
+
+    def _pending_range(self) -> str:
+        first, last = self._committed_step + 1, self._handed_step
+        return "none" if last < first else f"{first}..{last}"
+
+    def _refuse_if_restore_failed(self, call: str) -> None:
+        if self._restore_failure is not None:
+            raise RestoreIncompleteError(
+                f"refusing {call}: {self._restore_failure}; some ranks may hold the checkpoint's state "
+                "and others not; call load_checkpoint/load_state_dict again until it succeeds"
+            )
+
+    def _check_checkpoint(self, state: Any) -> None:
+        """Refuse a checkpoint of another format, layout or loader identity (nothing is changed)."""
+        from rl_data.energon.identity import _identity_differences, restore_differences
+
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a data coordinator checkpoint: format {found!r}, expected {CHECKPOINT_FORMAT!r}")
+        if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+            raise ValueError(
+                f"coordinator checkpoint format version {state.get('format_version')!r}; this "
+                f"version reads {CHECKPOINT_FORMAT_VERSION}"
+            )
+        _check_checkpoint_structure(state)
+        lines = _identity_differences(state["placement"]["layout"], self._placement.layout)
+        if lines:
+            raise ValueError(
+                "Placement layout changed: " + "; ".join(lines) + "; restore with the "
+                "layout (world size, bundles, strategy, parallel sizes) the checkpoint was saved with"
+            )
+        if len(state["ranks"]) != len(self._ranks):
+            raise ValueError(
+                f"checkpoint holds {len(state['ranks'])} rank states for logical world size "
+                f"{len(self._ranks)}; the checkpoint is damaged"
+            )
+        for rank, (saved, current) in enumerate(zip(state["ranks"], self._committed_states)):
+            lines = restore_differences(saved.get("identity"), current.get("identity"))
+            if lines:
+                raise ValueError(f"rank {rank}: Energon loader identity changed: " + "; ".join(lines))
+
+    async def _restore_rank(self, rank: int, saved: dict[str, Any]) -> None:
+        """Load ``saved`` into rank's actor, replacing the actor (no restore of its own) if it died."""
+        while True:
+            try:
+                call = self._ranks[rank].load_state_dict.remote(saved)
+                await self._await(call, self._config.control_timeout_s, rank, "restoring its checkpoint state")
+                return
+            except RayActorError as error:
+                self._respawn(rank, error, "restoring a checkpoint")
 
     def _spawn(self, rank: int) -> Any:
         return (
@@ -262,67 +381,123 @@ class DataCoordinator:
         """
         return f"{self._config.name}.{self._instance}.rank{rank}.{self._restarts[rank]}"
 
+    async def _redeliver(self, step: int) -> list[Any]:
+        """Pending step's refs, after every rank answered and every replacement caught up."""
+        await asyncio.gather(*(self._caught_up(r, check_alive=True) for r in range(len(self._ranks))))
+        return list(self._pending[step][0])
+
     async def _next_batch(self, rank: int, step: int) -> tuple[Any, dict[str, Any]]:
         """Rank's batch ref and following state for ``step``, replacing the rank if it died."""
-        died: Optional[BaseException] = None
         while True:
+            await self._caught_up(rank)
             try:
-                if died is not None:
-                    await self._replace_rank(rank, died)
-                    died = None
                 if rank not in self._next_calls:  # kept across a timeout so a retry does not skip
                     self._next_calls[rank] = self._ranks[rank].next_batch.remote()
                 batch_ref, state_ref = self._next_calls[rank]
                 doing = f"producing the batch for step {step}"
                 return batch_ref, await self._await(state_ref, self._config.step_timeout_s, rank, doing)
             except RayActorError as error:
-                self._next_calls.pop(rank, None)
-                died = error
+                self._replace(rank, error)
 
-    async def _replace_rank(self, rank: int, cause: BaseException) -> None:
-        """New actor in the same bundle, restored to the last commit, re-producing pending steps."""
+    async def _caught_up(self, rank: int, *, check_alive: bool = False) -> None:
+        """Return once rank's actor is restored and has re-produced every pending step."""
+        while True:
+            try:
+                if check_alive and rank not in self._recoveries:
+                    call = self._ranks[rank].status.remote()
+                    await self._await(call, self._config.control_timeout_s, rank, "answering a liveness check")
+                await self._finish_recovery(rank)
+                return
+            except RayActorError as error:
+                self._replace(rank, error)
+
+    async def _finish_recovery(self, rank: int) -> None:
+        recovery = self._recoveries.get(rank)
+        if recovery is None:
+            return
+        actor = self._ranks[rank]
+        if recovery.restore is not None:
+            doing = "restoring the last committed state"
+            await self._await(recovery.restore, self._config.control_timeout_s, rank, doing)
+            recovery.restore = None
+        while recovery.step <= self._handed_step:
+            if recovery.call is None:  # kept across a timeout: the retry waits for the same batch
+                recovery.call = actor.next_batch.remote()
+            batch_ref, state_ref = recovery.call
+            doing = f"re-producing the batch for step {recovery.step}"
+            state = await self._await(state_ref, self._config.step_timeout_s, rank, doing)
+            if recovery.step in self._pending:  # else committed meanwhile: nothing to replace
+                self._pending[recovery.step][0][rank] = batch_ref
+                self._pending[recovery.step][1][rank] = state
+            recovery.step, recovery.call = recovery.step + 1, None
+        del self._recoveries[rank]
+        self._metrics.record_restore("rank_recovery")
+
+    def _replace(self, rank: int, cause: BaseException) -> None:
+        """New actor in the same bundle, restoring the last commit; it catches up before serving."""
+        actor = self._respawn(rank, cause, "serving steps")
+        restore = actor.load_state_dict.remote(self._committed_states[rank])
+        self._recoveries[rank] = _Recovery(restore=restore, step=self._committed_step + 1)
+
+    def _respawn(self, rank: int, cause: BaseException, during: str) -> Any:
+        """Count the death of rank's actor and start a fresh one in its bundle (nothing restored)."""
+        self._next_calls.pop(rank, None)
+        self._recoveries.pop(rank, None)
         self._restarts[rank] += 1
         if self._restarts[rank] > self._config.max_rank_restarts:
             raise RankFailedError(
                 f"rank {rank} died {self._restarts[rank]} times, more than max_rank_restarts="
-                f"{self._config.max_rank_restarts}; last cause: {str(cause).splitlines()[0]}"
+                f"{self._config.max_rank_restarts}; last cause (while {during}): {str(cause).splitlines()[0]}"
             ) from None
         ray.kill(self._ranks[rank], no_restart=True)
-        actor = self._spawn(rank)
-        self._ranks[rank] = actor
-        timeout = self._config.control_timeout_s
-        await self._await(actor.load_state_dict.remote(self._committed_states[rank]), timeout, rank, "restoring the last committed state")
-        self._metrics.record_restore("rank_recovery")
-        for step in range(self._committed_step + 1, self._handed_step + 1):
-            batch_ref, state_ref = actor.next_batch.remote()
-            state = await self._await(state_ref, self._config.step_timeout_s, rank, f"re-producing the batch for step {step}")
-            self._pending[step][0][rank] = batch_ref
-            self._pending[step][1][rank] = state
+        self._ranks[rank] = self._spawn(rank)
+        return self._ranks[rank]
 
     async def _await(self, ref: Any, timeout: float, rank: Optional[int], doing: str) -> Any:
         """The value of a small object ref, with errors that name the rank and what it was doing."""
         try:
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
         except asyncio.TimeoutError:
-            where = "the coordinator" if rank is None else f"rank {rank}"
-            detail = "" if rank is None else await self._describe(rank)
-            advice = (
-                "raise step_timeout_s/control_timeout_s if it is only slow, otherwise inspect that actor"
-                if rank is not None
-                else "check that the cluster has these resources free"
-            )
-            raise RankTimeoutError(f"{where} did not finish {doing} within {timeout:g} s{detail}; {advice}") from None
+            if rank is None:
+                raise RankTimeoutError(
+                    f"the coordinator did not finish {doing} within {timeout:g} s; check that the "
+                    "cluster has these resources free"
+                ) from None
+            raise RankTimeoutError(f"rank {rank} did not finish {doing} within {timeout:g} s{await self._diagnose(rank)}") from None
         except RayTaskError as error:
             raise RankFailedError(f"rank {rank} failed while {doing}: {error.cause!r}") from None
 
-    async def _describe(self, rank: int) -> str:
+    async def _diagnose(self, rank: int) -> str:
+        """Why a rank may be late: its bundle has no node, or what the actor reports; plus advice."""
+        unplaced = self._placement.unplaced_bundle(rank)
+        if unplaced is not None:
+            return f" ({unplaced})"
+        advice = "; raise step_timeout_s/control_timeout_s if it is only slow, otherwise inspect that actor"
         try:
             status = await asyncio.wait_for(asyncio.wrap_future(self._ranks[rank].status.remote().future()), 5)
         except (asyncio.TimeoutError, RayActorError) as error:
-            return f" (it does not answer status calls either: {type(error).__name__})"
+            return f" (it does not answer status calls either: {type(error).__name__}){advice}"
         return (
             f" (it has been {status['activity']} for {status['activity_seconds']:g} s; produced "
-            f"{status['produced']} batches, {status['ready']} ready, pid {status['pid']})"
+            f"{status['produced']} batches, {status['ready']} ready, pid {status['pid']}){advice}"
+        )
+
+
+def _check_checkpoint_structure(state: dict[str, Any]) -> None:
+    """Refuse a coordinator checkpoint whose parts are missing or of the wrong type (a clear
+    ``ValueError``, never a ``KeyError`` from deep inside the restore)."""
+    placement, ranks, step = state.get("placement"), state.get("ranks"), state.get("step")
+    problems = []
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        problems.append(f"'step' is {step!r}, expected an integer >= 0")
+    if not isinstance(placement, dict) or not isinstance(placement.get("layout"), dict):
+        problems.append(f"'placement' is {type(placement).__name__} without a 'layout' mapping, expected {{'fingerprint', 'layout'}}")
+    if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+        problems.append("'ranks' is not a list of per-rank loader states")
+    if problems:
+        raise ValueError(
+            "coordinator checkpoint is malformed: " + "; ".join(problems) + "; it was not written by "
+            "save_checkpoint of this version, restore from another checkpoint"
         )
 
 

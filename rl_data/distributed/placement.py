@@ -4,6 +4,11 @@ The fingerprint hashes the *logical* layout only: world size, the resources of e
 bundle in rank order, the strategy and the trainer's parallel layout. Placement-group and node
 ids change on every restart and are never part of it, so a job restarted on new nodes with the
 same layout restores, and a different layout is refused.
+
+A group the runtime creates is named after its coordinator (:func:`placement_group_name`).
+Ray removes a group only when both its creator actor and the creator's job are gone, so a
+coordinator killed without ``shutdown`` leaves its group reserved while the job runs; the next
+coordinator of that name removes it (:func:`remove_leftover_placement_group`).
 """
 
 from __future__ import annotations
@@ -80,6 +85,21 @@ class RankPlacement:
             placement_group_bundle_index=self.bundle_of_rank[rank],
         )
 
+    def unplaced_bundle(self, rank: int) -> str | None:
+        """Why ``rank``'s bundle cannot host its actor now (no node holds it), or None if placed."""
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(self.placement_group)
+        bundle = self.bundle_of_rank[rank]
+        if table.get("state") == "CREATED" and table.get("bundles_to_node_id", {}).get(bundle):
+            return None
+        return (
+            f"its bundle {bundle} {self.layout['bundles'][rank]} of the {table.get('strategy')} "
+            f"placement group is not placed on any node (group state {table.get('state')}): the "
+            "cluster cannot satisfy the placement now; add nodes with free resources for every "
+            "bundle, or restart with a strategy the remaining nodes satisfy"
+        )
+
     def release(self) -> None:
         """Remove the placement group if this runtime created it (never a user's group)."""
         if self.owns_placement_group:
@@ -88,12 +108,35 @@ class RankPlacement:
             remove_placement_group(self.placement_group)
 
 
+def placement_group_name(config: RuntimeConfig) -> str:
+    """The name of the placement group the coordinator ``config.name`` in ``config.namespace`` creates."""
+    return f"rl_data.coordinator:{config.namespace}/{config.name}"
+
+
+def remove_leftover_placement_group(config: RuntimeConfig) -> list[str]:
+    """Remove every live group named :func:`placement_group_name` (left by a dead coordinator).
+
+    Call it only from the coordinator that holds ``config.name``: no other live coordinator can
+    then own such a group. Returns the ids of the removed groups.
+    """
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    name = placement_group_name(config)
+    removed = []
+    for group_id, entry in placement_group_table().items():
+        if entry.get("name") == name and entry.get("state") != "REMOVED":
+            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group_id))))
+            removed.append(group_id)
+    return removed
+
+
 def create_rank_placement(config: RuntimeConfig) -> RankPlacement:
     """Create a placement group with one ``config.bundle_resources`` bundle per logical rank."""
     from ray.util.placement_group import placement_group
 
     bundles = [dict(config.bundle_resources) for _ in range(config.world_size)]
-    group = placement_group(bundles, strategy=config.strategy)
+    group = placement_group(bundles, strategy=config.strategy, name=placement_group_name(config))
     return RankPlacement(group, tuple(range(config.world_size)), config_layout(config), True)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,14 @@ import ray
 
 from rl_data.distributed.config import LoaderSpec
 from rl_data.distributed.metrics import BatchStats, RankMetrics, batch_stats
+
+
+logger = logging.getLogger(__name__)
+
+#: A rank warns once when more than this share of the samples it handed out carry no loss
+#: (over the sequence length, cut to stubs), after at least ``ZERO_LOSS_WARNING_MIN_SAMPLES``.
+ZERO_LOSS_WARNING_SHARE = 0.05
+ZERO_LOSS_WARNING_MIN_SAMPLES = 64
 
 
 class DataExhaustedError(RuntimeError):
@@ -74,6 +83,8 @@ class RankActor:
         self._produced = 0  # batches produced so far
         self._error: Optional[BaseException] = None
         self._handed_state: Optional[dict[str, Any]] = None
+        self._handed_samples = self._zero_loss_samples = 0
+        self._warned_zero_loss = False
         self._activity, self._since = "idle, not started", time.monotonic()
         self._changed: Optional[asyncio.Condition] = None
         self._producer: Optional[asyncio.Task] = None
@@ -125,6 +136,7 @@ class RankActor:
             self._changed.notify_all()
         waited_s = time.monotonic() - waiting_since
         self._metrics.record_handed_out(produced.stats, waited_s=waited_s, ready=len(self._ready))
+        self._count_zero_loss(produced.stats)
         return produced.batch, produced.state
 
     async def status(self) -> dict[str, Any]:
@@ -139,7 +151,28 @@ class RankActor:
             "ready": len(self._ready),
             "prefetch_depth": self._depth,
             "skipped_samples": self._loader.skipped_samples,
+            "dropped_samples": self._loader.dropped_samples,
+            "handed_out_samples": self._handed_samples,
+            "zero_loss_samples": self._zero_loss_samples,
         }
+
+    def _count_zero_loss(self, stats: BatchStats) -> None:
+        """Count handed-out samples without loss; warn once when they are a large share."""
+        self._handed_samples += stats.samples
+        self._zero_loss_samples += stats.zero_loss_samples
+        share = self._zero_loss_samples / self._handed_samples if self._handed_samples else 0.0
+        if (
+            not self._warned_zero_loss
+            and self._handed_samples >= ZERO_LOSS_WARNING_MIN_SAMPLES
+            and share > ZERO_LOSS_WARNING_SHARE
+        ):
+            self._warned_zero_loss = True
+            logger.warning(
+                "rank %d: %d of the first %d samples (%.0f%%) were over max_sequence_length, cut to "
+                "stubs and carry loss_multiplier 0 (no training signal); raise max_sequence_length or "
+                "filter long samples in preprocess (--max-tokens)",
+                self.rank, self._zero_loss_samples, self._handed_samples, 100 * share,
+            )
 
     async def shutdown(self) -> None:
         """Stop the background producer; the executor thread is abandoned, not joined."""

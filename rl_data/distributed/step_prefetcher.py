@@ -13,6 +13,11 @@ slower than training. Contract: asking for step k+1 means step k is trained. The
 commits it in the same round trip as its request (``next_step(commit=k)``), so committed
 steps are always trained ones; :meth:`commit_trained` commits up to the last returned step
 exactly, for a checkpoint.
+
+Every request names the step it expects (``next_step(expected_step=k)``), so nothing is
+skipped: batches that cannot be fetched any more (their node died) are asked for again
+(``redeliver``, same contents, fresh refs), and :meth:`close` reports the first step not
+returned to the trainer (``on_close``), from which a ``CoordinatorClient`` continues.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import ray
+from ray.exceptions import ObjectLostError
 
 _POLL_S = 0.5
+#: Times the batches of one step are asked for again when they cannot be fetched.
+_REDELIVERIES = 3
 
 
 class StepPrefetcher:
@@ -37,9 +45,15 @@ class StepPrefetcher:
         transform: Optional[Callable[[list[Any]], Any]] = None,
         fetch: bool = True,
         timeout_s: float = 600.0,
+        start_step: Optional[int] = None,
+        on_close: Optional[Callable[[int], None]] = None,
     ) -> None:
+        """``start_step``: the first step to ask for (default: the first uncommitted one).
+        ``on_close(step)``: called once by :meth:`close` with the first step not returned."""
         self._coordinator, self._transform, self._fetch = coordinator, transform, fetch
         self._timeout = timeout_s
+        self._start, self._on_close = start_step, on_close
+        self._request: Optional[int] = start_step  # the step the thread asks for next
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._lock = threading.Lock()  # orders the thread's piggybacked commits and commit_trained
         self._returned = self._trained = self._committed = 0
@@ -78,10 +92,18 @@ class StepPrefetcher:
             return self._committed
 
     def close(self) -> None:
-        """Stop prefetching (a step fetched but not returned is not committed)."""
+        """Stop prefetching; steps fetched but not returned are neither committed nor lost.
+
+        ``on_close`` learns the first step not returned, which a consumer asks for next.
+        """
+        if self._stop.is_set():
+            return
         self._stop.set()
         while not self._ready.empty():
             self._ready.get_nowait()
+        first_unreturned = self._returned + 1 if self._returned else self._start
+        if self._on_close is not None and first_unreturned is not None:
+            self._on_close(first_unreturned)
 
     def __enter__(self) -> "StepPrefetcher":
         return self
@@ -105,12 +127,29 @@ class StepPrefetcher:
                 return
 
     def _next_step(self) -> tuple[int, Any]:
+        if self._request is None:
+            self._request = self._start = self._get(self._coordinator.progress.remote())["committed_step"] + 1
         with self._lock:
             commit = self._trained if self._trained > self._committed else None
-            self._in_flight = self._coordinator.next_step.remote(commit=commit)
+            self._in_flight = self._coordinator.next_step.remote(commit=commit, expected_step=self._request)
             self._committed = max(self._committed, commit or 0)
-        step, refs = ray.get(self._in_flight, timeout=self._timeout)
+        step, refs = self._get(self._in_flight)
+        self._request = step + 1
         if not self._fetch:
             return step, refs
-        batches = ray.get(list(refs), timeout=self._timeout)
+        batches = self._fetch_batches(step, refs)
         return step, batches if self._transform is None else self._transform(batches)
+
+    def _fetch_batches(self, step: int, refs: list[Any]) -> list[Any]:
+        redelivered = 0
+        while True:
+            try:
+                return self._get(list(refs))
+            except ObjectLostError:  # the batches' node died: the coordinator re-produces them
+                redelivered += 1
+                if redelivered > _REDELIVERIES:
+                    raise
+                refs = self._get(self._coordinator.redeliver.remote(step))
+
+    def _get(self, refs: Any) -> Any:
+        return ray.get(refs, timeout=self._timeout)
