@@ -4,7 +4,8 @@
   tokenizer's raw batch encode of the *same* text (the concatenated turns of the formatted
   log, in batches of 32): the ceiling for formatting. The prefix-render reference
   (``get_formatted_message_log_reference``, quadratic in turns) runs on a subset, where the
-  ids of both are also compared.
+  ids of both are also compared. Measured for the project tokenizer and for each chat template
+  family (ChatML, Llama-3 headers, ``[INST]``) applied to it.
 * **Packing**: every algorithm over the workload's token lengths, one call per buffer of
   ``packing_buffer_size``: sequences/s and utilisation / bin efficiency (``packing_metrics``).
 * **Transfer**: a 32 MB batch returned by one actor's method and fetched by another actor,
@@ -23,7 +24,13 @@ import torch
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import conversations
 from rl_data.packing import PackingAlgorithm, get_packer, packing_metrics
-from rl_data.tokenization import get_formatted_message_log, get_formatted_message_log_reference
+from rl_data.tokenization import (
+    TEMPLATE_FAMILIES,
+    formatting_path,
+    get_formatted_message_log,
+    get_formatted_message_log_reference,
+    tokenizer_with_template,
+)
 
 RAW_BATCH = 32
 CHAT_ROUNDS = 5
@@ -33,12 +40,32 @@ TRANSFER_BYTES = 32 * 2**20
 def chat_formatting(settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
     """Tokens/s of formatting, raw batch encode and the reference; ratios; whether ids agree.
 
+    The top-level figures are for ``tokenizer`` (the project's Qwen3 tokenizer, whose template is
+    the ``chatml`` family); ``families`` holds the same figures per template family of
+    :mod:`rl_data.tokenization.templates` applied to it (``chatml`` repeats the top level) with
+    the formatting path each takes. ``reference_ids_identical`` is True only when it holds for
+    every family.
+    """
+    convs = [c["messages"] for c in itertools.islice(conversations(settings.num_conversations, settings.seed), settings.micro_conversations)]
+    result = _formatting_figures(convs, tokenizer)
+    families = {"chatml": {key: value for key, value in result.items() if key != "lengths"}}
+    for family in TEMPLATE_FAMILIES:
+        if family != "chatml":
+            figures = _formatting_figures(convs, tokenizer_with_template(tokenizer, family))
+            families[family] = {key: value for key, value in figures.items() if key != "lengths"}
+    result["families"] = families
+    result["reference_ids_identical"] = all(figures["reference_ids_identical"] for figures in families.values())
+    return result
+
+
+def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, Any]:
+    """Formatting vs raw encode of the same text for one tokenizer (see :func:`chat_formatting`).
+
     Formatting and raw encode are timed alike: each keeps only what it produces per
     conversation (formatting: the joined turn text and token count; raw: nothing), after a
     ``gc.collect()``, best of ``CHAT_ROUNDS`` alternating rounds, so neither pays for garbage
     collections over the other's results or for a noisy moment.
     """
-    convs = [c["messages"] for c in itertools.islice(conversations(settings.num_conversations, settings.seed), settings.micro_conversations)]
     subset = max(1, len(convs) // 10)
     logs = [get_formatted_message_log(messages, tokenizer) for messages in convs[:subset]]
     texts, lengths = [], []
@@ -85,6 +112,7 @@ def chat_formatting(settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
         for a, b in zip(logs, reference)
     )
     return {
+        "formatting_path": formatting_path(tokenizer).kind,
         "conversations": len(convs),
         "mean_turns": sum(len(c) for c in convs) / len(convs),
         "tokens": tokens,

@@ -78,6 +78,16 @@ def markdown(results: dict[str, Any]) -> str:
             f"{chat['conversations']} conversations, {chat['mean_turns']:.1f} turns on average; "
             f"reference ids identical: {chat['reference_ids_identical']}.",
         ]
+        families = chat.get("families", {})
+        if families:
+            lines += ["", "| template family | path | formatting tokens/s | vs raw | reference vs raw | ids identical |",
+                      "|---|---|---|---|---|---|"]
+            for family, figures in families.items():
+                lines.append(
+                    f"| {family} | {figures['formatting_path']} | {figures['formatting_tokens_per_s']:,.0f} | "
+                    f"{figures['formatting_vs_raw']:.2f} | {figures['reference_vs_raw']:.2f} | "
+                    f"{figures['reference_ids_identical']} |"
+                )
     lines += ["", "### Packing algorithms", ""]
     packing = micro.get("packing", [])
     if isinstance(packing, dict):

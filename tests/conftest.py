@@ -61,10 +61,13 @@ def ray_session():
     """A private local Ray instance shared by the whole test session.
 
     Its session folder is below ``ray_head.TEST_RAY_ROOT`` (removed at the end), never in the
-    ``/tmp/ray`` of other Ray clusters on the machine, its metrics agent
+    ``/tmp/ray`` of other Ray clusters on the machine; its workers import from ``tests/`` too
+    (a task module named by import path, e.g. ``toy_task:TASK``, must be importable on every
+    node, as on a real cluster); its metrics agent
     exports Prometheus metrics on a free port (``metrics_port``) and reports every second
     instead of every 10 s.
     """
+    import os
     import shutil
     import socket
 
@@ -73,6 +76,11 @@ def ray_session():
 
     temp_dir = None
     if not ray.is_initialized():
+        # the local raylet and its workers inherit this (a job runtime_env would make every
+        # worker start 2-3x slower: no prestarted worker matches it)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p
+        )
         temp_dir = private_ray_dir("session-")
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))

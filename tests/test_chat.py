@@ -152,6 +152,7 @@ def test_turns_concatenate_to_the_whole_render_on_1000_full_real_conversations(
     def no_fallback(*args):
         raise AssertionError("the single-render path should handle every real conversation")
 
+    assert chat.formatting_path(tokenizer).kind == "linear"  # decided (by probing) before the patch
     monkeypatch.setattr(chat, "_chunks_from_prefix_renders", no_fallback)
     conversations = [c["messages"] for c in chat_conversations[:1000]]
     logs = [get_formatted_message_log(messages, tokenizer) for messages in conversations]
@@ -245,6 +246,10 @@ def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenize
     messages = SYNTHETIC["system_prompt"]
     split = chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer)
     assert [ids.tolist() for ids in split] == [[151644, 64], [151644, 65]]
+    # a boundary right after a special token is cut there too; one touching none is not provable
+    split = chat._encode_whole_and_split(["a<|im_end|>", "b<|im_end|>", "<|im_start|>c"], tokenizer)
+    assert [ids.tolist() for ids in split] == [[64, 151645], [65, 151645], [151644, 66]]
+    assert chat._encode_whole_and_split(["a<|im_end|>\n", "b"], tokenizer) is None
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = CHATML_TEMPLATE
     plain.convert_tokens_to_ids = lambda token: None
@@ -278,17 +283,26 @@ def test_synthetic_conversations_match_the_definition_and_the_whole_render(token
 
 
 def test_delimiters_inside_content_fall_back_to_prefix_renders(tokenizer, monkeypatch):
+    messages = SYNTHETIC["delimiters_inside_content"] + [{"role": "user", "content": "And now?"}]
+    chat.formatting_path(tokenizer)
     calls = []
     real = chat._chunks_from_prefix_renders
     monkeypatch.setattr(chat, "_chunks_from_prefix_renders", lambda *a: calls.append(1) or real(*a))
-    get_formatted_message_log(SYNTHETIC["delimiters_inside_content"], tokenizer, control_text="plain_text")
+    get_formatted_message_log(messages, tokenizer, control_text="plain_text")
     assert calls == []  # the content's delimiters are hidden while the template renders
-    # a tokenizer without these control tokens sees delimiter text in content: only the reference is exact
+    # a tokenizer without these control tokens sees a turn end in a middle turn: only the reference is exact
     monkeypatch.setattr(chat, "find_control_text", lambda *a: None)
-    get_formatted_message_log(SYNTHETIC["delimiters_inside_content"], tokenizer)
+    get_formatted_message_log(messages, tokenizer)
     assert calls == [1]
+    # two turns need no turn end: the first ends where the render of the first message ends
+    get_formatted_message_log(messages[:2], tokenizer)
     get_formatted_message_log(SYNTHETIC["multilingual"], tokenizer)
     assert calls == [1]
+    # a middle string ending with the beginning of a turn end could complete one with the template's text
+    straddling = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "ends with <|im_"}, messages[2]]
+    log = get_formatted_message_log(straddling, tokenizer)
+    assert calls == [1, 1]
+    assert_same_message_logs(log, get_formatted_message_log_reference(straddling, tokenizer))
 
 
 _PIECES = ["a", "Z", " ", "\n", "\n\n", "é", "e\u0301", "日本", "🙂", "{", "}", "'s", "123",
@@ -323,13 +337,15 @@ def test_generation_prompt_only_after_user_and_tool_turns(tokenizer):
     assert log[5]["content"] == "Moot: debatable. Mute: silent.<|im_end|>"
 
 
-def test_last_turn_loses_trailing_newlines_and_gets_eos_once(tokenizer):
+def test_last_turn_loses_trailing_newlines_and_gets_eos_once_but_a_generation_prompt_stays_whole(tokenizer):
     prompt_only = [{"role": "user", "content": "Q?"}]
     with_eos = get_formatted_message_log(prompt_only, tokenizer, add_generation_prompt=True)
-    assert with_eos[-1]["content"] == "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant<|im_end|>"
+    assert with_eos[-1]["content"] == "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n<|im_end|>"
     without_eos = get_formatted_message_log(prompt_only, tokenizer, add_generation_prompt=True, add_eos_token=False)
-    assert without_eos[-1]["content"] == "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant"
-    assert without_eos[-1]["token_ids"].tolist() == [151644, 872, 198, 48, 30, 151645, 198, 151644, 77091]
+    assert without_eos[-1]["content"] == "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
+    assert without_eos[-1]["token_ids"].tolist() == [151644, 872, 198, 48, 30, 151645, 198, 151644, 77091, 198]
+    reference = get_formatted_message_log_reference(prompt_only, tokenizer, add_generation_prompt=True, add_eos_token=False)
+    assert reference[-1]["content"] == without_eos[-1]["content"]
     answered = get_formatted_message_log(prompt_only + [{"role": "assistant", "content": "A."}], tokenizer)
     assert answered[-1]["content"] == "<|im_start|>assistant\nA.<|im_end|>"
     assert answered[-1]["token_ids"].tolist()[-1] == tokenizer.eos_token_id
@@ -351,7 +367,7 @@ def test_bos_is_added_to_the_first_turn_only_when_missing(tokenizer):
     assert no_bos[0]["content"] == "<|im_start|>system\nYou are terse.<|im_end|>\n"
 
 
-def test_other_templates_use_the_prefix_definition(tokenizer):
+def test_other_templates_follow_the_prefix_definition(tokenizer):
     other = copy.deepcopy(tokenizer)
     other.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
     log = get_formatted_message_log(SYNTHETIC["emoji"], other)
@@ -381,7 +397,7 @@ def test_task_prompt_formats_the_first_user_turn_and_system_prompt_is_prepended(
     assert apply_task_data_spec(with_system, spec) == [
         {"role": "system", "content": "Own system."},
         {"role": "user", "content": [{"type": "text", "text": "Question: a\nAnswer briefly."},
-                                     {"type": "text", "text": "Question: b\nAnswer briefly."}]},
+                                     {"type": "text", "text": "b"}]},  # the prompt once, on the first text part
     ]  # fmt: skip
     assert with_system[1]["content"][0]["text"] == "a"
 

@@ -13,7 +13,7 @@ from distributed_fixtures import TIMEOUT_S, consume, running_coordinator, runtim
 from rl_data.cli import app
 from rl_data.distributed.config import ParallelLayout
 from rl_data.distributed.placement import config_layout, placement_fingerprint
-from rl_data.energon.identity import _identity_fingerprint
+from rl_data.fingerprint import fingerprint as identity_fingerprint
 from rl_data.jobs.inspect_checkpoint import write_job_config
 
 runner = CliRunner()
@@ -49,8 +49,8 @@ def test_inspect_checkpoint_prints_step_ranks_fingerprints_and_identity(checkpoi
         "ranks: 2",
         f"placement fingerprint: {fingerprint}",
         "placement layout: " + json.dumps(config_layout(config), sort_keys=True),
-        f"rank 0: identity fingerprint {_identity_fingerprint(content['ranks'][0]['identity'])} (logical rank 0 of 2)",
-        f"rank 1: identity fingerprint {_identity_fingerprint(content['ranks'][1]['identity'])} (logical rank 1 of 2)",
+        f"rank 0: identity fingerprint {identity_fingerprint(content['ranks'][0]['identity'])} (logical rank 0 of 2)",
+        f"rank 1: identity fingerprint {identity_fingerprint(content['ranks'][1]['identity'])} (logical rank 1 of 2)",
     ]
     assert lines[8] == "identity (rank 0):"
     assert json.loads("\n".join(lines[9:])) == content["ranks"][0]["identity"]

@@ -8,15 +8,9 @@ import json
 import pytest
 
 from rl_data.energon.config import EnergonLoaderConfig, EnergonSourceConfig
-from rl_data.energon.identity import (
-    _brief,
-    _identity_differences,
-    _identity_fingerprint,
-    _loader_identity,
-    _v2_topology,
-    restore_differences,
-)
+from rl_data.energon.identity import _loader_identity, _v2_topology, restore_differences
 from rl_data.energon.task_encoders import ProcessorAdapter
+from rl_data.fingerprint import brief, differences, fingerprint
 
 ADAPTER = {"max_sequence_length": 512, "add_bos": True, "fingerprint": "f" * 64}
 
@@ -24,16 +18,16 @@ ADAPTER = {"max_sequence_length": 512, "add_bos": True, "fingerprint": "f" * 64}
 def test_fingerprint_is_sha256_of_sorted_json():
     identity = {"b": [1, 2], "a": {"y": None, "x": "s"}}
     expected = hashlib.sha256(b'{"a": {"x": "s", "y": null}, "b": [1, 2]}').hexdigest()
-    assert _identity_fingerprint(identity) == expected
-    assert _identity_fingerprint({"a": {"y": None, "x": "s"}, "b": [1, 2]}) == expected
-    assert _identity_fingerprint({"a": 1}) != _identity_fingerprint({"a": 2})
+    assert fingerprint(identity) == expected
+    assert fingerprint({"a": {"y": None, "x": "s"}, "b": [1, 2]}) == expected
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
 
 
 def test_brief_cuts_long_reprs_to_80_characters():
-    assert _brief("train") == "'train'"
-    assert _brief(None) == "None"
-    assert _brief("x" * 78) == "'" + "x" * 78 + "'"  # exactly 80 characters
-    long = _brief("x" * 79)
+    assert brief("train") == "'train'"
+    assert brief(None) == "None"
+    assert brief("x" * 78) == "'" + "x" * 78 + "'"  # exactly 80 characters
+    long = brief("x" * 79)
     assert len(long) == 80 and long == "'" + "x" * 76 + "..."
 
 
@@ -49,13 +43,13 @@ def test_differences_exact_lines():
         "split_role": "validation",
         "topology": {"logical_rank": 0, "y": [1, 2]},
     }
-    assert _identity_differences(saved, current) == [
+    assert differences(saved, current) == [
         "loader.num_workers 4 -> 2",
         "split_role 'train' -> 'validation'",
         "topology.y added [1, 2]",
         "x removed 1",
     ]
-    assert _identity_differences(current, saved) == [
+    assert differences(current, saved) == [
         "loader.num_workers 2 -> 4",
         "split_role 'validation' -> 'train'",
         "topology.y removed [1, 2]",
@@ -64,13 +58,13 @@ def test_differences_exact_lines():
 
 
 def test_differences_of_equal_values_and_of_types():
-    assert _identity_differences({"a": {"b": [1]}}, {"a": {"b": [1]}}) == []
-    assert _identity_differences({"a": 1}, {"a": True}) == ["a 1 -> True"]
-    assert _identity_differences({"a": {"b": 1}}, {"a": 5}) == ["a {'b': 1} -> 5"]
-    assert _identity_differences({"adapter": "a" * 100}, {"adapter": "b"}) == [
+    assert differences({"a": {"b": [1]}}, {"a": {"b": [1]}}) == []
+    assert differences({"a": 1}, {"a": True}) == ["a 1 -> True"]
+    assert differences({"a": {"b": 1}}, {"a": 5}) == ["a {'b': 1} -> 5"]
+    assert differences({"adapter": "a" * 100}, {"adapter": "b"}) == [
         "adapter '" + "a" * 76 + "... -> 'b'"
     ]
-    assert _identity_differences(1, 2, "root") == ["root 1 -> 2"]
+    assert differences(1, 2, "root") == ["root 1 -> 2"]
 
 
 def test_v2_topology():
@@ -140,7 +134,7 @@ def test_loader_identity_with_packing_adds_the_four_packing_keys(energon_dataset
         energon_dataset.path, packing_algorithm="first_fit_decreasing", max_sequences_per_bin=3
     )
     plain = _identity(energon_dataset.path)
-    assert _identity_differences(plain, identity) == [
+    assert differences(plain, identity) == [
         "max_sequences_per_bin added 3",
         "only_unmask_final added False",
         "packing_algorithm added 'first_fit_decreasing'",
@@ -155,7 +149,7 @@ def test_loader_identity_of_a_path_without_index_uuid(tmp_path):
 @pytest.mark.parametrize("value", [{"a": {1, 2}}, {"a": object()}])
 def test_fingerprint_requires_plain_json(value):
     with pytest.raises(TypeError):
-        _identity_fingerprint(value)
+        fingerprint(value)
 
 
 def test_adapter_summary_names_every_field_and_its_fingerprint(tokenizer):
@@ -205,9 +199,9 @@ def test_a_copy_of_the_dataset_at_another_path_restores_other_content_does_not(t
     moved_and_changed = _with_dataset(base, path="/new/data", uuid="u1")
     moved_and_changed["source"]["split"] = "val"
     assert restore_differences(saved, moved_and_changed) == ["source.split 'train' -> 'val'"]
-    assert restore_differences(None, base) == [f"<identity> None -> {_brief(base)}"]
+    assert restore_differences(None, base) == [f"<identity> None -> {brief(base)}"]
     malformed = restore_differences({**saved, "source": "x"}, base)  # a damaged saved identity
-    assert f"source 'x' -> {_brief(base['source'])}" in malformed
+    assert f"source 'x' -> {brief(base['source'])}" in malformed
 
 
 def _loader(dataset, tokenizer, **overrides):

@@ -37,7 +37,8 @@ from rl_data.energon.multimodal.task_encoders import (
 from rl_data.energon.multimodal.task_encoders.media import check_media_decodable, decode_video, sample_frame_indices
 from rl_data.energon.sample_format import encode_sample, media_references
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
-from rl_data.energon.task_encoders import ProcessorAdapter, get_task_encoder_class
+from rl_data.energon.task_encoders import ProcessorAdapter
+from rl_data.tasks import get_task
 from rl_data.interfaces import TaskDataSpec
 from rl_data.packed_tensor import PackedTensor
 from rl_data.tokenization.vision_tokens import with_media_tokens
@@ -333,7 +334,7 @@ def test_identity_pins_the_media_processor(dataset, processor, tokenizer):
     )
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: components.media_processor '"):
         build(root, other).load_state_dict(loader.state_dict())
-    assert get_task_encoder_class("vlm_sft") is VLMSFTTaskEncoder
+    assert get_task("vlm_sft").encoder_class is VLMSFTTaskEncoder
 
 
 # -- restore, packing ----------------------------------------------------------------------

@@ -13,7 +13,8 @@ from energon_fixtures import SINGLE_RANK_UNPACKED
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.sample_format import encode_sample
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
-from rl_data.energon.task_encoders import ProcessorAdapter, get_task_encoder_class
+from rl_data.energon.task_encoders import ProcessorAdapter
+from rl_data.tasks import get_task
 from rl_data.energon.task_encoders.preference import PreferenceTaskEncoder
 
 MAX_LEN = 256
@@ -143,7 +144,7 @@ def test_identity_names_the_preference_components_and_refuses_the_sft_encoder(da
     assert loader.identity["loader"]["task_encoder"] == "preference"
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: components.ChatCooker added 1; "):
         build(root, tokenizer, energon={"task_encoder": "chat_sft"}).load_state_dict(loader.state_dict())
-    assert get_task_encoder_class("preference") is PreferenceTaskEncoder
+    assert get_task("preference").encoder_class is PreferenceTaskEncoder
 
 
 def test_packing_is_refused(dataset, tokenizer):
@@ -174,7 +175,7 @@ def test_bad_pairs_are_skipped_logged_and_counted(tmp_path, tokenizer, caplog):
     prefix = f"skipped sample: dataset={tmp_path} shard=shards/shard-"
     assert lines == [
         f"{prefix}000000.tar index=2 key=bad-sft-kind: ValueError: sample 'bad-sft-kind' is a 'sft' sample; "
-        "the preference cooker reads only kind 'preference' (use an SFT task encoder for SFT data)",
+        "the preference cooker reads only kind 'preference' (tasks that read 'sft' samples: ['chat_sft', 'vlm_sft'])",
         f"{prefix}000001.tar index=3 key=bad-empty-rejected: ValueError: sample 'bad-empty-rejected': "
         "'rejected' must be a non-empty message list, found []",
     ]

@@ -17,7 +17,7 @@ from energon_fixtures import SINGLE_RANK_UNPACKED, write_chat_dataset
 from restore_check import assert_restores_at_every_step, torch_roundtrip
 from rl_data.energon.config import EnergonLoaderConfig
 from rl_data.energon.failure_budget import SampleFailureBudgetExceeded
-from rl_data.energon.identity import _identity_fingerprint
+from rl_data.fingerprint import fingerprint
 from rl_data.energon.sft_dataloader import (
     EnergonSFTDataLoader,
     _worker_config,
@@ -132,7 +132,7 @@ def test_state_dict_survives_torch_save_and_weights_only_load(energon_dataset, t
         "loop_batches": 1,
     }
     assert state["identity"] == loader.identity
-    assert state["fingerprint"] == _identity_fingerprint(loader.identity)
+    assert state["fingerprint"] == fingerprint(loader.identity)
     assert state["loader_state"].dtype == torch.uint8 and state["loader_state"].dim() == 1
     loaded = torch_roundtrip(state)
     assert loaded["identity"] == state["identity"]
@@ -680,11 +680,11 @@ def test_module_exports_match_the_reference_api():
         "build_energon_sft_loader",
     ]
     assert sft_dataloader._V2_STATE_FORMAT_VERSION == 2
-    for name in (
-        "_identity_fingerprint",
-        "_brief",
-        "_identity_differences",
-        "_v2_topology",
-        "_loader_identity",
-    ):
+    for name in ("_v2_topology", "_loader_identity"):
         assert getattr(sft_dataloader, name) is getattr(identity, name)
+    # the reference page's private helpers, over the public rl_data.fingerprint
+    saved, current = {"a": 1, "b": "x" * 100}, {"a": 2, "b": "x" * 100}
+    assert sft_dataloader._identity_fingerprint(saved) == fingerprint(saved)
+    assert sft_dataloader._identity_differences(saved, current) == ["a 1 -> 2"]
+    assert sft_dataloader._brief("x" * 100) == "'" + "x" * 76 + "..."
+    assert sft_dataloader._loader_config({"num_workers": 2}).num_workers == 2

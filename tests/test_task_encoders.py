@@ -21,9 +21,8 @@ from rl_data.energon.task_encoders import (
     ChatCooker,
     ChatSFTTaskEncoder,
     ProcessorAdapter,
-    get_cooker,
-    get_task_encoder_class,
 )
+from rl_data.tasks import get_task
 
 PINNED_MESSAGES = [
     {"role": "user", "content": "Hello assistant"},
@@ -154,14 +153,14 @@ def test_cooker_raises_for_bad_samples(payload, error, message):
         ChatCooker.cook(_crude("k-1", payload))
 
 
-def test_registries_name_the_valid_choices():
-    assert get_task_encoder_class("chat_sft") is ChatSFTTaskEncoder
-    assert get_cooker("chat") is ChatCooker
+def test_registry_names_the_valid_choices():
+    assert get_task("chat_sft").encoder_class is ChatSFTTaskEncoder
+    assert get_task("chat_sft").cooker(None) is ChatCooker
     assert SeedPathEncoder is BaseSFTTaskEncoder
-    with pytest.raises(ValueError, match=r"unknown task encoder 'sft'; valid task encoders are \['chat_sft', 'preference', 'vlm_sft'\]"):
-        get_task_encoder_class("sft")
-    with pytest.raises(ValueError, match=r"unknown cooker 'raw'; valid cookers are \['chat', 'multimodal_chat', 'preference'\]"):
-        get_cooker("raw")
+    with pytest.raises(ValueError, match=r"unknown task 'sft'; registered tasks are \['chat_sft', 'preference', 'rl_prompt', 'vlm_sft'\]"):
+        get_task("sft")
+    with pytest.raises(ValueError, match=r"task 'chat_sft' has no cooker 'raw'; its cookers are \['chat'\]"):
+        get_task("chat_sft").cooker("raw")
 
 
 def test_component_versions_name_encoder_and_cooker(tokenizer):

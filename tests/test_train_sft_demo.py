@@ -139,11 +139,11 @@ def test_config_defaults_and_validation(tmp_path):
     assert config.checkpoint_dir == str(tmp_path / "w" / "checkpoint")
     assert config.dataset_path == str(tmp_path / "w" / "dataset-chat_sft-256")
     spec = config.loader_spec()
-    assert spec.packing_algorithm is None and "packing_buffer_size" not in spec.data_config["energon"]
-    assert spec.data_config["energon"]["task_encoder"] == "chat_sft"
+    assert spec.packing_algorithm is None and spec.data_config.energon.packing_buffer_size is None
+    assert spec.data_config.energon.task_encoder == "chat_sft"
     packed = TrainDemoConfig(work_dir=str(tmp_path), packing="First_Fit_Decreasing", batch_size=3)
     assert packed.packing == "first_fit_decreasing"
-    assert packed.loader_spec().data_config["energon"]["packing_buffer_size"] == 12
+    assert packed.loader_spec().data_config.energon.packing_buffer_size == 12
     assert TrainDemoConfig(packing="none").packing is None
     assert config.runtime_config().parallel_layout.dp == 2 and config.runtime_config().namespace == "rl_data"
     with pytest.raises(ValueError, match=r"unknown task 'vlm'; choose one of \['chat_sft', 'preference', 'vlm_sft'\]"):
@@ -205,3 +205,26 @@ def test_pipeline_script_is_thin_and_json_of_the_job_config_round_trips(tmp_path
     path = write_job_config(tmp_path / "job.json", config.runtime_config(), config.loader_spec())
     assert json.loads(path.read_text())["loader"]["packing_algorithm"] == "greedy_knapsack"
     assert load_job_config(path).loader == config.loader_spec()
+
+
+def test_tokenizer_and_task_prompts_reach_the_loader_spec(tokenizer, tmp_path):
+    from rl_data.tokenization.tokenizer import load_tokenizer
+
+    folder = tmp_path / "my_tokenizer"
+    tokenizer.save_pretrained(folder)
+    (tmp_path / "prompt.txt").write_text("Answer kindly: {}", encoding="utf-8")
+    config = TrainDemoConfig(work_dir=str(tmp_path), tokenizer=str(folder), prompt_file=str(tmp_path / "prompt.txt"),
+                             system_prompt_file=str(tmp_path / "prompt.txt"))
+    spec = config.loader_spec()
+    assert (spec.processor_factory, spec.processor_factory_kwargs) == (
+        "rl_data.tokenization.tokenizer:load_tokenizer", {"name_or_path": str(folder)})
+    assert spec.data_config.prompt == spec.data_config.system_prompt == "Answer kindly: {}"  # texts, read here
+    loaded = spec.load_processor_factory()()
+    assert loaded.name_or_path == str(folder) and loaded.get_vocab() == tokenizer.get_vocab()
+    assert TrainDemoConfig(work_dir=str(tmp_path)).loader_spec().processor_factory_kwargs == {}
+    with pytest.raises(ValueError, match="--tokenizer .* works with text tasks only"):
+        TrainDemoConfig(task="vlm_sft", tokenizer=str(folder))
+    with pytest.raises(ValueError, match="no such tokenizer|neither 'qwen3' nor a local folder"):
+        load_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match=r"^unknown task 'rl_prompt'|has no SFT demo data"):
+        TrainDemoConfig(task="rl_prompt")

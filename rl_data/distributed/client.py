@@ -173,15 +173,24 @@ def attach(
     ``"auto"`` (the cluster this machine belongs to). A driver that is already connected keeps
     its connection. Raises :class:`CoordinatorNotFoundError` when no such coordinator runs.
     """
+    connect_driver(address, namespace, f"coordinator {name!r}")
+    return CoordinatorClient(get_coordinator(name, namespace), timeout_s=timeout_s)
+
+
+def connect_driver(address: Optional[str], namespace: str, attaching_to: str) -> None:
+    """Connect this process to Ray unless it is: ``address``, else ``$RAY_ADDRESS``, else ``"auto"``.
+
+    A failure names the address and ``attaching_to`` (what the caller wanted to reach).
+    """
     import ray
 
-    if not ray.is_initialized():
-        target = address or os.environ.get("RAY_ADDRESS") or "auto"
-        try:
-            ray.init(address=target, namespace=namespace)
-        except ConnectionError as error:
-            raise ConnectionError(
-                f"cannot connect to a Ray cluster at {target!r} to attach to coordinator {name!r}: "
-                f"{error}; pass the address of the cluster that runs the job (its head's host:6379)"
-            ) from None
-    return CoordinatorClient(get_coordinator(name, namespace), timeout_s=timeout_s)
+    if ray.is_initialized():
+        return
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=target, namespace=namespace)
+    except ConnectionError as error:
+        raise ConnectionError(
+            f"cannot connect to a Ray cluster at {target!r} to attach to {attaching_to}: "
+            f"{error}; pass the address of the cluster that runs the job (its head's host:6379)"
+        ) from None

@@ -8,10 +8,13 @@ fills in).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rl_data.energon.config import DataConfig, EnergonSourceConfig, validate_block, validate_data_config
 
 DEFAULT_NAME = "rl_data_coordinator"
 DEFAULT_NAMESPACE = "rl_data"
@@ -91,12 +94,15 @@ class LoaderSpec(_Strict):
 
     ``processor_factory`` is an import path ``"package.module:function"`` of a zero-argument
     function returning the tokenizer or processor; each rank actor calls it on its own node
-    (nothing but this string and the dataset path crosses machines).
+    (nothing but this string and the dataset path crosses machines). ``data_config`` and
+    ``source`` are validated here, on the driver (a misspelt key fails before any actor starts).
     """
 
-    data_config: dict[str, Any]
-    source: dict[str, Any]
+    data_config: DataConfig
+    source: EnergonSourceConfig
     processor_factory: str = "rl_data.tokenization.tokenizer:load_qwen3_tokenizer"
+    #: Keyword arguments of the processor factory (plain JSON, e.g. a tokenizer folder).
+    processor_factory_kwargs: dict[str, Any] = Field(default_factory=dict)
     batch_size: int = Field(ge=1)
     max_sequence_length: int = Field(ge=1)
     split_role: Literal["train", "validation"] = "train"
@@ -104,6 +110,16 @@ class LoaderSpec(_Strict):
     max_sequences_per_bin: Optional[int] = None
     sequence_length_pad_multiple: int = Field(default=1, ge=1)
     only_unmask_final: bool = False
+
+    @field_validator("data_config", mode="before")
+    @classmethod
+    def _data_config(cls, value: Any) -> DataConfig:
+        return validate_data_config(value)
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _source(cls, value: Any) -> EnergonSourceConfig:
+        return validate_block(EnergonSourceConfig, value, name="source")
 
     @model_validator(mode="after")
     def _check_factory_path(self) -> "LoaderSpec":
@@ -116,10 +132,11 @@ class LoaderSpec(_Strict):
         return self
 
     def load_processor_factory(self) -> Callable[[], Any]:
-        """Import and return the processor factory named by ``processor_factory``."""
+        """The processor factory named by ``processor_factory``, bound to its keyword arguments."""
         module, _, attr = self.processor_factory.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            factory = getattr(importlib.import_module(module), attr)
+            return functools.partial(factory, **self.processor_factory_kwargs)
         except (ImportError, AttributeError) as error:
             raise ValueError(
                 f"cannot import processor_factory {self.processor_factory!r}: {error}"
@@ -127,4 +144,5 @@ class LoaderSpec(_Strict):
 
     def builder_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``build_energon_sft_loader`` except processor and topology."""
-        return self.model_dump(exclude={"processor_factory"})
+        factory = {"processor_factory", "processor_factory_kwargs"}
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in factory}

@@ -74,7 +74,16 @@ class RankFailedError(RuntimeError):
 
 
 class RestoreIncompleteError(RuntimeError):
-    """The last checkpoint restore failed part way: steps are refused until a restore succeeds."""
+    """The last checkpoint restore failed part way: steps (or prompt takes) are refused until a restore succeeds."""
+
+
+def refuse_if_restore_failed(failure: Optional[str], call: str) -> None:
+    """Raise :class:`RestoreIncompleteError` for ``call`` while the last restore's ``failure`` stands."""
+    if failure is not None:
+        raise RestoreIncompleteError(
+            f"refusing {call}: {failure}; some ranks may hold the checkpoint's state "
+            "and others not; call load_checkpoint/load_state_dict again until it succeeds"
+        )
 
 
 @dataclass
@@ -308,15 +317,12 @@ class DataCoordinator:
         return "none" if last < first else f"{first}..{last}"
 
     def _refuse_if_restore_failed(self, call: str) -> None:
-        if self._restore_failure is not None:
-            raise RestoreIncompleteError(
-                f"refusing {call}: {self._restore_failure}; some ranks may hold the checkpoint's state "
-                "and others not; call load_checkpoint/load_state_dict again until it succeeds"
-            )
+        refuse_if_restore_failed(self._restore_failure, call)
 
     def _check_checkpoint(self, state: Any) -> None:
         """Refuse a checkpoint of another format, layout or loader identity (nothing is changed)."""
-        from rl_data.energon.identity import _identity_differences, restore_differences
+        from rl_data.energon.identity import restore_differences
+        from rl_data.fingerprint import differences
 
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
@@ -327,7 +333,7 @@ class DataCoordinator:
                 f"version reads {CHECKPOINT_FORMAT_VERSION}"
             )
         _check_checkpoint_structure(state)
-        lines = _identity_differences(state["placement"]["layout"], self._placement.layout)
+        lines = differences(state["placement"]["layout"], self._placement.layout)
         if lines:
             raise ValueError(
                 "Placement layout changed: " + "; ".join(lines) + "; restore with the "

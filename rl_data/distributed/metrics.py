@@ -8,7 +8,8 @@ actor or coordinator process) and exported by each node's metrics agent as Prome
   ``rl_data_rank_batches``, ``rl_data_rank_samples``, ``rl_data_rank_non_pad_tokens`` (counters of
   what ``next_batch`` handed out), ``rl_data_rank_packing_efficiency`` (gauge: real tokens / pack
   capacity of the last handed-out packed batch), ``rl_data_rank_skipped_samples`` (counter of bad
-  samples the loader skipped), ``rl_data_rank_zero_loss_samples`` (counter of handed-out samples
+  samples the loader skipped), ``rl_data_rank_filtered_samples`` (counter of samples the task
+  filtered out on purpose, e.g. RL prompts over the length limit), ``rl_data_rank_zero_loss_samples`` (counter of handed-out samples
   with ``loss_multiplier`` 0: over-length samples cut to stubs, trained on nothing),
   ``rl_data_rank_prefetch_depth`` (gauge: batches ready),
   ``rl_data_rank_blocked_seconds`` (counter: time ``next_batch`` waited for a batch);
@@ -84,6 +85,7 @@ class _Definitions:
     rank_non_pad_tokens: Any
     rank_packing_efficiency: Any
     rank_skipped_samples: Any
+    rank_filtered_samples: Any
     rank_zero_loss_samples: Any
     rank_prefetch_depth: Any
     rank_blocked_seconds: Any
@@ -106,6 +108,9 @@ def _definitions() -> _Definitions:
             "rl_data_rank_packing_efficiency", "Real tokens / pack capacity of the last packed batch", RANK_TAGS
         ),
         rank_skipped_samples=Counter("rl_data_rank_skipped_samples", "Bad samples skipped by the loader", RANK_TAGS),
+        rank_filtered_samples=Counter(
+            "rl_data_rank_filtered_samples", "Samples the task filtered out (e.g. RL prompts over length)", RANK_TAGS
+        ),
         rank_zero_loss_samples=Counter(
             "rl_data_rank_zero_loss_samples", "Handed-out samples with loss_multiplier 0 (over length, cut)", RANK_TAGS
         ),
@@ -132,14 +137,17 @@ class RankMetrics:
 
     def __init__(self, coordinator: str, rank: int) -> None:
         self._tags = {"coordinator": coordinator, "rank": str(rank)}
-        self._skipped_seen = 0
+        self._skipped_seen = self._filtered_seen = 0
 
-    def record_produced(self, *, skipped_samples: int, ready: int) -> None:
-        """A batch was produced; ``skipped_samples`` is the loader's running total."""
+    def record_produced(self, *, skipped_samples: int, filtered_samples: int = 0, ready: int) -> None:
+        """A batch was produced; ``skipped_samples`` and ``filtered_samples`` are the loader's running totals."""
         metrics = _definitions()
         if skipped_samples > self._skipped_seen:
             metrics.rank_skipped_samples.inc(skipped_samples - self._skipped_seen, self._tags)
             self._skipped_seen = skipped_samples
+        if filtered_samples > self._filtered_seen:
+            metrics.rank_filtered_samples.inc(filtered_samples - self._filtered_seen, self._tags)
+            self._filtered_seen = filtered_samples
         metrics.rank_prefetch_depth.set(ready, self._tags)
 
     def record_handed_out(self, stats: BatchStats, *, waited_s: float, ready: int) -> None:

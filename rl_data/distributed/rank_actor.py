@@ -22,7 +22,8 @@ from typing import Any, Optional
 import ray
 
 from rl_data.distributed.config import LoaderSpec
-from rl_data.distributed.metrics import BatchStats, RankMetrics, batch_stats
+from rl_data.distributed.metrics import BatchStats, RankMetrics
+from rl_data.tasks import get_task
 
 
 logger = logging.getLogger(__name__)
@@ -38,11 +39,13 @@ class DataExhaustedError(RuntimeError):
 
 
 class _Produced:
-    __slots__ = ("batch", "state", "stats", "skipped_samples")
+    __slots__ = ("batch", "state", "stats", "skipped_samples", "filtered_samples")
 
-    def __init__(self, batch: Any, state: dict[str, Any], stats: BatchStats, skipped_samples: int) -> None:
+    def __init__(
+        self, batch: Any, state: dict[str, Any], stats: BatchStats, skipped_samples: int, filtered_samples: int
+    ) -> None:
         self.batch, self.state = batch, state
-        self.stats, self.skipped_samples = stats, skipped_samples
+        self.stats, self.skipped_samples, self.filtered_samples = stats, skipped_samples, filtered_samples
 
 
 class RankActor:
@@ -69,6 +72,7 @@ class RankActor:
         self._depth = prefetch_depth
         self._delay = injected_delay_s
         self._metrics = RankMetrics(coordinator_name, rank)
+        self._task = get_task(loader_spec.data_config.energon.task_encoder)
         self._loader = build_energon_sft_loader(
             **loader_spec.builder_kwargs(),
             processor=loader_spec.load_processor_factory()(),
@@ -152,6 +156,7 @@ class RankActor:
             "prefetch_depth": self._depth,
             "skipped_samples": self._loader.skipped_samples,
             "dropped_samples": self._loader.dropped_samples,
+            "filtered_samples": self._loader.filtered_samples,
             "handed_out_samples": self._handed_samples,
             "zero_loss_samples": self._zero_loss_samples,
         }
@@ -200,13 +205,21 @@ class RankActor:
                 self._ready.append(produced)
                 self._produced += 1
                 self._changed.notify_all()
-            self._metrics.record_produced(skipped_samples=produced.skipped_samples, ready=len(self._ready))
+            self._metrics.record_produced(
+                skipped_samples=produced.skipped_samples, filtered_samples=produced.filtered_samples, ready=len(self._ready)
+            )
 
     def _produce_one(self) -> _Produced:
         if self._delay:
             time.sleep(self._delay)
         batch = self._next_from_loader()
-        return _Produced(batch, self._loader.state_dict(), batch_stats(batch), self._loader.skipped_samples)
+        return _Produced(
+            batch,
+            self._loader.state_dict(),
+            self._task.batch_stats(batch),
+            self._loader.skipped_samples,
+            self._loader.filtered_samples,
+        )
 
     def _next_from_loader(self) -> Any:
         fresh = self._iterator is None

@@ -2,7 +2,9 @@
 
 ``EnergonSourceConfig`` says *which* data a loader reads (a prepared Energon dataset and one of
 its splits); ``EnergonLoaderConfig`` says *how* it reads it (workers, shuffling, packing buffer,
-task encoder, failure budget). Both reject unknown keys, and every error names the field.
+task encoder, failure budget); ``DataConfig`` is the whole ``data_config`` (that block plus the
+formatting flags, the ``TaskDataSpec`` prompts and the task's own options). All reject unknown
+keys, and every error names the field: a misspelt key fails on the driver, before any actor.
 
 Fields that change which samples a shard yields or how they are encoded go into the loader
 identity (see :func:`rl_data.energon.identity._loader_identity`); the runtime-only fields listed
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class EnergonSourceConfig(BaseModel):
@@ -71,10 +73,10 @@ class EnergonLoaderConfig(BaseModel):
     checkpoint_every_sec: float = Field(default=60.0, gt=0)
     #: Energon prints a stack trace when a batch takes longer (None disables the watchdog).
     watchdog_timeout_seconds: float | None = Field(default=60.0, gt=0)
-    #: Registered name of the task encoder (see ``rl_data.energon.task_encoders``).
+    #: The task (name registered in :mod:`rl_data.tasks`, or ``"pkg.module:TASK"``): its task
+    #: encoder, cookers and options.
     task_encoder: str = Field(default="chat_sft", min_length=1)
-    #: Registered name of the cooker turning raw samples into canonical ones (None: the
-    #: task encoder's default).
+    #: Name of one of the task's cookers turning raw samples into typed ones (None: its default).
     cooker: str | None = Field(default=None, min_length=1)
     #: Consecutive failures of one pipeline stage that are fatal (Energon's tolerance).
     max_consecutive_failures: int = Field(default=100, ge=1)
@@ -86,6 +88,94 @@ class EnergonLoaderConfig(BaseModel):
     def identity_dump(self) -> dict[str, Any]:
         """The fields that pin the sample stream, as plain JSON."""
         return self.model_dump(mode="json", exclude=set(self.RUNTIME_ONLY_FIELDS))
+
+
+class DataConfig(BaseModel):
+    """``data_config`` of ``build_energon_sft_loader``, validated (see :func:`validate_data_config`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    energon: EnergonLoaderConfig
+    #: Must be True for a train loader (it always shuffles); unused for validation.
+    shuffle: bool | None = None
+    add_bos: bool = True
+    add_eos: bool = True
+    add_generation_prompt: bool = False
+    #: Special tokens inside message text: reject the sample or encode as plain text.
+    control_text: Literal["reject", "plain_text"] = "reject"
+    #: ``TaskDataSpec.prompt``: applied with ``.format(text)`` to the first user turn.
+    prompt: str | None = None
+    #: ``TaskDataSpec.system_prompt``: inserted when the conversation has no system turn.
+    system_prompt: str | None = None
+    #: The task's own encoder options (its ``TaskConfig``; checked by the task).
+    task: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_prompt_files(cls, values: Any) -> Any:
+        """``prompt_file`` / ``system_prompt_file`` (``TaskDataSpec``'s keys) become the texts."""
+        if not isinstance(values, Mapping):
+            return values
+        values = dict(values)
+        for key in ("prompt", "system_prompt"):
+            path = values.pop(f"{key}_file", None)
+            if path is None:
+                continue
+            if values.get(key) is not None:
+                raise ValueError(f"set either {key} or {key}_file, not both")
+            from rl_data.interfaces import TaskDataSpec
+
+            spec = TaskDataSpec(**{f"{key}_file": path})
+            values[key] = getattr(spec, key)
+        return values
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_takes_the_text(cls, prompt: str | None) -> str | None:
+        if prompt is None:
+            return prompt
+        marker = "\x00rl_data-user-text\x00"
+        try:
+            formatted = prompt.format(marker)
+        except (IndexError, KeyError, ValueError) as error:
+            raise ValueError(
+                f"prompt {prompt[:60]!r} cannot be formatted with the user text ({type(error).__name__}: "
+                f"{error}); use one '{{}}' placeholder and double every other brace ('{{{{' and '}}}}')"
+            ) from None
+        if marker not in formatted:
+            raise ValueError(
+                f"prompt {prompt[:60]!r} has no '{{}}' placeholder, so the user text would be lost; "
+                "add '{}' where the first user turn goes"
+            )
+        return prompt
+
+    def adapter_flags(self) -> dict[str, Any]:
+        """The ``ProcessorAdapter`` settings this config holds."""
+        return self.model_dump(
+            include={"add_bos", "add_eos", "add_generation_prompt", "control_text", "prompt", "system_prompt"}
+        )
+
+
+def validate_data_config(value: Any) -> DataConfig:
+    """``data_config`` as a :class:`DataConfig`; every ``ValueError`` names the key and the fix."""
+    if isinstance(value, DataConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"data_config must be a mapping, got {type(value).__name__}: {value!r:.80}")
+    if "energon" not in value:
+        raise ValueError(
+            "data_config has no 'energon' block; add data_config['energon'] with the Energon "
+            "loader settings (an empty mapping uses the defaults)"
+        )
+    energon = validate_block(EnergonLoaderConfig, value["energon"], name="data_config['energon']")
+    try:
+        config = validate_block(DataConfig, {**value, "energon": energon}, name="data_config")
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+    from rl_data.tasks import get_task
+
+    get_task(energon.task_encoder).config(config.task)  # the task's own options, checked now
+    return config
 
 
 def _describe_errors(error: Any) -> str:

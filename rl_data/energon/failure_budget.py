@@ -1,4 +1,5 @@
-"""Bad samples: one compact log line each, a skip count, and a budget that makes them fatal.
+"""Bad samples: one compact log line each, a skip count, and a budget that makes them fatal;
+samples a task encoder filters out on purpose: a log line and their own count.
 
 Energon calls the worker config's error handler for every sample that fails in a pipeline
 stage, then drops it and fetches the next one. :func:`compact_sample_error_handler` logs one
@@ -11,6 +12,11 @@ Energon's own guard, ``max_consecutive_failures`` per stage and per worker, does
 always-failing encoder on a small split (the split just ends empty), so the loader also checks
 the skip ratio after every batch and an epoch that yielded nothing (see
 ``EnergonSFTDataLoader``); both raise :class:`SampleFailureBudgetExceeded`.
+
+A task encoder filters a sample it must not deliver (an RL prompt longer than the maximum
+length, which is never truncated) with :func:`filter_sample`: it is logged, counted in the
+shared ``filtered`` counter (not a failure: the budget does not see it) and dropped through
+Energon's ``SkipSample``, which neither calls the error handler nor counts as a failure.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-from megatron.energon import SourceInfo, WorkerConfig
+from megatron.energon import SkipSample, SourceInfo, WorkerConfig
 from megatron.energon.source_info import get_source_info
 
 logger = logging.getLogger(__name__)
@@ -35,23 +41,26 @@ class SampleFailureBudgetExceeded(RuntimeError):
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class SkipCountingWorkerConfig(WorkerConfig):
-    """An Energon ``WorkerConfig`` that also carries the skip counter and the failure budget."""
+    """An Energon ``WorkerConfig`` that also carries the skip and filter counters and the failure budget."""
 
     #: Samples skipped by the error handler, in all processes (a ``multiprocessing.Value``).
     skipped: Any = None
+    #: Samples filtered out by the task encoder (:func:`filter_sample`), in all processes.
+    filtered: Any = None
     #: Consecutive failures of one stage that are fatal (Energon's failure tolerance).
     max_consecutive_failures: int = 100
     #: Fatal once skipped / (skipped + delivered) exceeds this ...
     max_failure_ratio: float = 0.1
     #: ... after at least this many samples were seen.
     failure_ratio_min_samples: int = 100
-    #: Samples skipped in this process only (each forked worker counts its own).
+    #: Samples skipped or filtered in this process only (each forked worker counts its own):
+    #: what a pass's accounting subtracts from its share (``epoch_stream.PassEndDataset``).
     process_skipped: int = 0
 
     @classmethod
     def create(cls, **fields: Any) -> "SkipCountingWorkerConfig":
-        """A config with a fresh shared skip counter (create it before the loader forks)."""
-        return cls(skipped=multiprocessing.Value("q", 0), **fields)
+        """A config with fresh shared skip and filter counters (create it before the loader forks)."""
+        return cls(skipped=multiprocessing.Value("q", 0), filtered=multiprocessing.Value("q", 0), **fields)
 
     def add_skipped(self, count: int) -> None:
         self.process_skipped += count
@@ -60,6 +69,14 @@ class SkipCountingWorkerConfig(WorkerConfig):
 
     def skipped_count(self) -> int:
         return int(self.skipped.value)
+
+    def add_filtered(self, count: int) -> None:
+        self.process_skipped += count
+        with self.filtered.get_lock():
+            self.filtered.value += count
+
+    def filtered_count(self) -> int:
+        return int(self.filtered.value)
 
     def check_ratio(self, delivered: int, source_name: str) -> None:
         """Raise when the skipped share of all samples seen exceeds the budget."""
@@ -95,6 +112,15 @@ def compact_sample_error_handler(
     config = WorkerConfig.active_worker_config
     if isinstance(config, SkipCountingWorkerConfig):
         config.add_skipped(len(sample) if isinstance(sample, (list, tuple)) else 1)
+
+
+def filter_sample(sample: Any, reason: str) -> NoReturn:
+    """Drop ``sample`` from a task encoder stage on purpose: log it, count it, raise ``SkipSample``."""
+    logger.info("filtered sample: %s: %s", _describe_sources(get_source_info(sample), sample), reason)
+    config = WorkerConfig.active_worker_config
+    if isinstance(config, SkipCountingWorkerConfig):
+        config.add_filtered(1)
+    raise SkipSample()
 
 
 def _describe_sources(sources: list[SourceInfo] | None, sample: Any) -> str:

@@ -16,65 +16,30 @@ is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from rl_data.energon.config import EnergonLoaderConfig, EnergonSourceConfig
+from rl_data.fingerprint import differences
 
 #: Version of the loader state envelope (see ``EnergonSFTDataLoader.state_dict``).
 _V2_STATE_FORMAT_VERSION = 2
 #: How Energon maps samples to shards: contiguous ranges, one per (rank, worker).
 _MAPPER = "energon_contiguous_ranges"
-_BRIEF_LIMIT = 80
 _ADAPTER_FINGERPRINT = "adapter.fingerprint "
-
-
-def _identity_fingerprint(identity: Mapping[str, Any]) -> str:
-    """sha256 hex of the canonical JSON of ``identity`` (which must be plain JSON)."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _brief(value: Any) -> str:
-    """``repr(value)``, cut to 77 characters + ``...`` when longer than 80."""
-    text = repr(value)
-    return text if len(text) <= _BRIEF_LIMIT else text[: _BRIEF_LIMIT - 3] + "..."
-
-
-def _identity_differences(saved: Any, current: Any, path: str = "") -> list[str]:
-    """List the identity entries that changed, as ``key old -> new`` lines.
-
-    Mappings are walked over the sorted union of their keys with dotted paths; a key only in
-    ``current`` gives ``"<path> added <value>"``, one only in ``saved`` gives
-    ``"<path> removed <value>"``. Equal values (same type, same value) give ``[]``.
-    """
-    if isinstance(saved, Mapping) and isinstance(current, Mapping):
-        lines: list[str] = []
-        for key in sorted(set(saved) | set(current), key=str):
-            child = f"{path}.{key}" if path else str(key)
-            if key not in current:
-                lines.append(f"{child} removed {_brief(saved[key])}")
-            elif key not in saved:
-                lines.append(f"{child} added {_brief(current[key])}")
-            else:
-                lines.extend(_identity_differences(saved[key], current[key], child))
-        return lines
-    if type(saved) is type(current) and saved == current:
-        return []
-    return [f"{path or '<identity>'} {_brief(saved)} -> {_brief(current)}"]
 
 
 def restore_differences(saved: Any, current: Mapping[str, Any]) -> list[str]:
     """The changes that refuse restoring a state saved with identity ``saved`` ([] = restores).
 
-    :func:`_identity_differences`, except that a change of ``source.path`` alone is allowed when
+    :func:`rl_data.fingerprint.differences`, except that a change of ``source.path`` alone is allowed when
     ``dataset.index_uuid`` is the same (the dataset was copied), and ``adapter.fingerprint`` is
     not listed when the adapter fields it is computed from are.
     """
     if _same_dataset_content(saved, current):
         saved = {**saved, "source": {**saved["source"], "path": current["source"]["path"]}}
-    lines = _identity_differences(saved, current)
+    lines = differences(saved, current)
     explained = any(
         line.startswith("adapter.") and not line.startswith(_ADAPTER_FINGERPRINT) for line in lines
     )

@@ -2,12 +2,13 @@
 
 Every sample has one tar member ``<key>.json`` holding UTF-8 JSON:
 
-- SFT: ``{"kind": "sft", "messages": [{"role", "content", ...}, ...], "source": {...}}``
-- preference: ``{"kind": "preference", "context": [...], "chosen": [...], "rejected": [...],
-  "source": {...}}`` (``chosen``/``rejected`` are the completions that follow ``context``)
+- ``kind``: the stored sample kind of a registered task (:mod:`rl_data.tasks`), which owns
+  the other fields: e.g. SFT ``{"kind": "sft", "messages": [...]}``, preference ``{"kind":
+  "preference", "context": [...], "chosen": [...], "rejected": [...]}``, RL prompts ``{"kind":
+  "rl_prompt", "messages": [...], "extra_env_info": {...}, "task_name": ...}``;
+- ``source``: where the row came from (``{"file": ..., "row": ...}``).
 
-Optional keys: ``tools`` (tool schemas), ``task_name``. ``source`` records where the row came
-from (``{"file": ..., "row": ...}``) and never affects encoding.
+Optional keys: ``tools`` (tool schemas), ``task_name``. ``source`` never affects encoding.
 
 **Media.** A multimodal sample stores each media file as a further member of the same sample,
 ``<key>.<name>.<ext>`` (``name``: letters, digits, ``_``, ``-``). Energon splits a tar member
@@ -30,7 +31,6 @@ from typing import Any
 
 #: Member (WebDataset field) that holds the sample JSON.
 SAMPLE_MEMBER = "json"
-SAMPLE_KINDS = ("sft", "preference")
 #: Content part type -> allowed member extensions (video frames use the image extensions).
 MEDIA_EXTENSIONS: dict[str, tuple[str, ...]] = {
     "image": ("jpg", "jpeg", "png", "webp"),
@@ -38,8 +38,6 @@ MEDIA_EXTENSIONS: dict[str, tuple[str, ...]] = {
     "audio": ("wav", "flac"),
 }
 _MEMBER_PATTERN = re.compile(r"^[A-Za-z0-9_\-]+\.[A-Za-z0-9]+$")
-#: Message lists of each sample kind, in the order their media are referenced.
-_MESSAGE_LISTS = {"sft": ("messages",), "preference": ("context", "chosen", "rejected")}
 
 
 def encode_sample(sample: Mapping[str, Any], media: Mapping[str, bytes] | None = None) -> dict[str, bytes]:
@@ -48,9 +46,9 @@ def encode_sample(sample: Mapping[str, Any], media: Mapping[str, bytes] | None =
     ``media`` maps member names (``"<name>.<ext>"``) to bytes; they must match the sample's
     media references exactly (see :func:`check_media_members`).
     """
-    kind = sample.get("kind")
-    if kind not in SAMPLE_KINDS:
-        raise ValueError(f"sample kind {kind!r} is not one of {SAMPLE_KINDS}; set sample['kind']")
+    from rl_data.tasks import schema_for_kind
+
+    schema_for_kind(sample.get("kind"))
     media = dict(media or {})
     check_media_members(sample, media)
     payload = json.dumps(sample, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
@@ -63,10 +61,13 @@ def decode_sample(members: Mapping[str, Any]) -> dict[str, Any]:
         found = sorted(k for k in members if not k.startswith("__"))
         raise ValueError(f"sample has no {SAMPLE_MEMBER!r} member (found members {found})")
     raw = members[SAMPLE_MEMBER]
+    from rl_data.tasks import sample_schemas
+
     sample = json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
-    if not isinstance(sample, dict) or sample.get("kind") not in SAMPLE_KINDS:
+    kinds = sample_schemas()
+    if not isinstance(sample, dict) or sample.get("kind") not in kinds:
         kind = sample.get("kind") if isinstance(sample, dict) else type(sample).__name__
-        raise ValueError(f"sample JSON kind {kind!r} is not one of {SAMPLE_KINDS}")
+        raise ValueError(f"sample JSON kind {kind!r} is not one of {sorted(kinds)}")
     return sample
 
 
@@ -133,7 +134,10 @@ def check_media_members(sample: Mapping[str, Any], member_names: Iterable[str]) 
 
 
 def _message_lists(sample: Mapping[str, Any]) -> list[list[Any]]:
-    keys = _MESSAGE_LISTS.get(sample.get("kind"), ())
+    from rl_data.tasks import sample_schemas
+
+    schema = sample_schemas().get(sample.get("kind"))
+    keys = schema.message_lists if schema is not None else ()
     return [sample[k] for k in keys if isinstance(sample.get(k), list)]
 
 

@@ -32,6 +32,7 @@ from rl_data.energon.config import (
     EnergonLoaderConfig,
     EnergonSourceConfig,
     validate_block,
+    validate_data_config,
 )
 from rl_data.energon.epoch_stream import PassEndDataset, PassOver, RankStream, StreamPosition
 from rl_data.energon.failure_budget import (
@@ -41,20 +42,15 @@ from rl_data.energon.failure_budget import (
 )
 from rl_data.energon.identity import (
     _V2_STATE_FORMAT_VERSION,
-    _brief,
-    _identity_differences,
-    _identity_fingerprint,
     _loader_identity,
     _v2_topology,
     restore_differences,
 )
 from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
-from rl_data.energon.task_encoders import (
-    BaseSFTTaskEncoder,
-    ProcessorAdapter,
-    get_task_encoder_class,
-)
+from rl_data.energon.task_encoders import ProcessorAdapter
+from rl_data.fingerprint import brief, differences, fingerprint
 from rl_data.packing import packing_algorithm as parse_packing_algorithm
+from rl_data.tasks import get_task
 
 _BACKEND = "energon"
 _SPLIT_ROLES = ("train", "validation")
@@ -97,7 +93,7 @@ class EnergonSFTDataLoader:
         self._stream = RankStream(loader) if loop_length is not None else None
         self._dropped = 0
         self._identity = copy.deepcopy(dict(identity))
-        self._fingerprint = _identity_fingerprint(self._identity)
+        self._fingerprint = fingerprint(self._identity)
         self._resting_state: Any = None  # the state before the first batch
         self._iterated = False
         self._closed = False
@@ -118,6 +114,12 @@ class EnergonSFTDataLoader:
     def skipped_samples(self) -> int:
         """Bad samples skipped since this loader was built."""
         return self._budget.skipped_count() if self._budget is not None else 0
+
+    @property
+    def filtered_samples(self) -> int:
+        """Samples the task encoder filtered out on purpose (e.g. RL prompts over
+        ``max_sequence_length``) since this loader was built, in all its workers."""
+        return self._budget.filtered_count() if self._budget is not None else 0
 
     @property
     def dropped_samples(self) -> int:
@@ -219,6 +221,13 @@ class EnergonSFTDataLoader:
                 f"{newly_skipped} sample(s); every sample failed, so the data or the task "
                 "encoder is systematically broken (see the 'skipped sample' log lines)"
             )
+        if self.filtered_samples:
+            return ValueError(
+                f"{self._source_name()}: a whole pass of this rank yielded no batch; the task "
+                f"encoder filtered out {self.filtered_samples} sample(s) (e.g. prompts over "
+                "max_sequence_length) and the rest did not fill one batch; raise "
+                "max_sequence_length or use a smaller batch size"
+            )
         return ValueError(
             f"{self._source_name()}: a whole pass of this rank yielded no batch; its "
             f"{over.dropped} sample(s) did not fill one batch of batch_size "
@@ -282,10 +291,10 @@ class EnergonSFTDataLoader:
         saved_identity = state.get("identity")
         lines = restore_differences(saved_identity, self._identity)
         # a fingerprint that does not match its own identity: the envelope was edited
-        saved_fingerprint = _identity_fingerprint(saved_identity) if not lines else None
+        saved_fingerprint = fingerprint(saved_identity) if not lines else None
         if not lines and state.get("fingerprint") != saved_fingerprint:
-            found = _brief(state.get("fingerprint"))
-            lines = [f"fingerprint {found} -> {_brief(saved_fingerprint)}"]
+            found = brief(state.get("fingerprint"))
+            lines = [f"fingerprint {found} -> {brief(saved_fingerprint)}"]
         if lines:
             raise ValueError("Energon loader identity changed: " + "; ".join(lines))
         payload = state.get("loader_state")
@@ -316,6 +325,25 @@ def _count_sources(batch: Any) -> int:
     if source_ids is None:
         return int(batch.size) if isinstance(batch, BatchedDataDict) else 1
     return sum(len(ids) if isinstance(ids, (list, tuple)) else 1 for ids in source_ids)
+
+
+# The reference API's private helpers (NeMo-RL's ``sft_dataloader`` page lists them); the
+# implementations are public in :mod:`rl_data.fingerprint` and the config models.
+
+
+def _identity_fingerprint(identity: Mapping[str, Any]) -> str:
+    """:func:`rl_data.fingerprint.fingerprint` of a loader identity."""
+    return fingerprint(identity)
+
+
+def _brief(value: Any) -> str:
+    """:func:`rl_data.fingerprint.brief`."""
+    return brief(value)
+
+
+def _identity_differences(saved: Any, current: Any, path: str = "") -> list[str]:
+    """List the identity entries that changed, as ``key old -> new`` lines (:func:`rl_data.fingerprint.differences`)."""
+    return differences(saved, current, path)
 
 
 def _source_config(value: Any, *, name: str) -> EnergonSourceConfig:
@@ -360,22 +388,27 @@ def _task_encoder(
     sequence_length_pad_multiple: int,
     tokenizer: Any,
     only_unmask_final: bool,
+    task_config: Any = None,
     processor: Any = None,
-) -> BaseSFTTaskEncoder:
-    encoder_class = get_task_encoder_class(loader_config.task_encoder)
-    # Multimodal encoders also need the processor's media parts, not just its tokenizer.
-    media = {"processor": processor} if getattr(encoder_class, "NEEDS_PROCESSOR", False) else {}
-    return encoder_class(
-        **media,
+) -> Any:
+    """The task encoder of the task ``loader_config.task_encoder`` names (:mod:`rl_data.tasks`).
+
+    ``task_config`` is that task's options (default: its config's defaults); ``processor`` is
+    passed to tasks that need the whole processor (media), default ``tokenizer``.
+    """
+    task = get_task(loader_config.task_encoder)
+    return task.build_encoder(
+        config=task.config(task_config),
+        processor=tokenizer if processor is None else processor,
+        cooker=loader_config.cooker,
         adapter=adapter,
-        max_sequence_length=max_sequence_length,
         include_source_ids=include_source_ids,
         packing_algorithm=packing_algorithm,
         max_sequences_per_bin=max_sequences_per_bin,
+        max_sequence_length=max_sequence_length,
         sequence_length_pad_multiple=sequence_length_pad_multiple,
-        only_unmask_final=only_unmask_final,
         tokenizer=tokenizer,
-        cooker=loader_config.cooker,
+        only_unmask_final=only_unmask_final,
         packing_seed=loader_config.seed_offset,
         failure_tolerance=loader_config.max_consecutive_failures,
     )
@@ -409,19 +442,17 @@ def build_energon_sft_loader(
 ) -> EnergonSFTDataLoader:
     """Build one loader for an explicit logical data shard and split.
 
-    ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block; ``add_bos``,
-    ``add_eos`` and ``add_generation_prompt`` come from ``data_config`` (defaults True, True,
-    False). Training reads ``source.split`` shuffled, forever: in exact passes
+    ``data_config`` is a :class:`~rl_data.energon.config.DataConfig` (or its mapping):
+    ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block, whose
+    ``task_encoder`` names the task (:mod:`rl_data.tasks`) and ``data_config["task"]`` its
+    options; ``add_bos``, ``add_eos``, ``add_generation_prompt``, ``control_text`` and the
+    ``TaskDataSpec`` prompts (``prompt``, ``system_prompt``) set the formatting. Training reads ``source.split`` shuffled, forever: in exact passes
     (``source.epoch_mode="exact"``, each worker dropping and counting its last partial batch)
     or Energon's repeating stream (``"virtual"``); each ``for`` loop is
     ``source.virtual_epoch_length`` batches, or one pass when that is 0. Validation reads it
     once in order, keeps the last partial batch and stops after ``source.limit`` batches.
     """
-    if "energon" not in data_config:
-        raise ValueError(
-            "data_config has no 'energon' block; add data_config['energon'] with the Energon "
-            "loader settings (an empty mapping uses the defaults)"
-        )
+    data_config = validate_data_config(data_config)
     if processor is None:
         raise ValueError(
             "processor is None; a tokenizer or a processor (with .tokenizer) is required"
@@ -435,7 +466,9 @@ def build_energon_sft_loader(
         )
     if split_role not in _SPLIT_ROLES:
         raise ValueError(f"split_role must be one of {_SPLIT_ROLES}, got {split_role!r}")
-    loader_config = _loader_config(data_config["energon"])
+    loader_config = data_config.energon
+    task = get_task(loader_config.task_encoder)
+    task_config = task.config(data_config.task)
     source = _source_config(source, name=f"{split_role} source")
     packing = loader_config.packing_buffer_size is not None
     if packing_algorithm is not None:
@@ -461,14 +494,16 @@ def build_energon_sft_loader(
                 "per for loop)"
             )
         loop_length = source.virtual_epoch_length
-        if data_config.get("shuffle") is not True:
+        if data_config.shuffle is not True:
             raise ValueError(
-                f"data_config['shuffle'] is {data_config.get('shuffle')!r}; the Energon train "
+                f"data_config['shuffle'] is {data_config.shuffle!r}; the Energon train "
                 "loader always shuffles, set shuffle: true"
             )
         shuffle = True
 
-    adapter = ProcessorAdapter.from_processor(processor, data_config, max_sequence_length)
+    adapter = ProcessorAdapter.from_processor(
+        processor, {**data_config.adapter_flags(), **task.adapter_overrides}, max_sequence_length
+    )
     worker_config = _worker_config(
         loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
     )
@@ -482,6 +517,7 @@ def build_energon_sft_loader(
         sequence_length_pad_multiple=sequence_length_pad_multiple,
         tokenizer=adapter.tokenizer,
         only_unmask_final=only_unmask_final,
+        task_config=task_config,
         processor=processor,
     )
     common = dict(
@@ -525,6 +561,7 @@ def build_energon_sft_loader(
         only_unmask_final=only_unmask_final,
     )
     identity["components"] = task_encoder.component_versions
+    identity["task"] = {"name": task.name, "config": task_config.model_dump(mode="json")}
     return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length)
 
 

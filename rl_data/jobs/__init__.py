@@ -9,6 +9,6 @@ training actors (``trainer``), the step loop (``steps``), the continuation proof
 """
 
 from rl_data.jobs.config import TrainDemoConfig
-from rl_data.jobs.tasks import TASKS, DemoTask
+from rl_data.jobs.tasks import sft_demo_task, sft_demo_tasks
 
-__all__ = ["TASKS", "DemoTask", "TrainDemoConfig"]
+__all__ = ["TrainDemoConfig", "sft_demo_task", "sft_demo_tasks"]

@@ -11,7 +11,10 @@ from rl_data.distributed.config import DEFAULT_NAMESPACE
 
 
 def train_sft_demo(
-    task: Annotated[str, typer.Option(help="data + task encoder: chat_sft | vlm_sft (images) | preference (pairs, no packing)")] = "chat_sft",
+    task: Annotated[str, typer.Option(help="task with demo data: chat_sft | vlm_sft (images) | preference (pairs, no packing) | pkg.module:TASK")] = "chat_sft",
+    tokenizer: Annotated[str, typer.Option(help="'qwen3' (built offline) or a local tokenizer folder with a chat template (text tasks)")] = "qwen3",
+    prompt_file: Annotated[Optional[Path], typer.Option(help="TaskDataSpec prompt: its '{}' takes the first user turn")] = None,
+    system_prompt_file: Annotated[Optional[Path], typer.Option(help="TaskDataSpec system prompt, added where a conversation has none")] = None,
     data: Annotated[Optional[str], typer.Option(help="prepared Energon dataset (preprocessed into if missing); default: in --work-dir")] = None,
     work_dir: Annotated[Path, typer.Option(help="raw data, dataset, job_config.json")] = Path("outputs/train_sft_demo"),
     ranks: Annotated[int, typer.Option(min=1, help="logical data-parallel ranks")] = 2,
@@ -36,7 +39,9 @@ def train_sft_demo(
 
     try:
         config = TrainDemoConfig(
-            task=task, data=data, work_dir=str(work_dir), ranks=ranks, batch_size=batch_size, seq_len=seq_len,
+            task=task, tokenizer=tokenizer, data=data,
+            prompt_file=None if prompt_file is None else str(prompt_file),
+            system_prompt_file=None if system_prompt_file is None else str(system_prompt_file), work_dir=str(work_dir), ranks=ranks, batch_size=batch_size, seq_len=seq_len,
             packing=packing, steps=steps, resume_steps=resume_steps,
             checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), namespace=namespace,
             prefetch_depth=prefetch_depth, num_conversations=num_conversations, trainer_gpus=trainer_gpus,

@@ -8,7 +8,8 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
-from rl_data.jobs.tasks import get_task
+from rl_data.jobs.tasks import sft_demo_task
+from rl_data.tasks.base import TOKENIZER_FACTORY
 
 #: CPU share of one rank actor (and its placement-group bundle).
 RANK_CPUS = 0.5
@@ -21,7 +22,10 @@ class TrainDemoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: str = Field("chat_sft", description="data and task encoder (see rl_data.jobs.tasks.TASKS)")
+    task: str = Field("chat_sft", description="a registered task with demo data (see rl_data.jobs.tasks)")
+    tokenizer: str = Field("qwen3", description="'qwen3' (built offline) or a local tokenizer folder with a chat template")
+    prompt_file: Optional[str] = Field(None, description="TaskDataSpec.prompt_file: '{}' takes the first user turn")
+    system_prompt_file: Optional[str] = Field(None, description="TaskDataSpec.system_prompt_file")
     data: Optional[str] = Field(None, description="prepared Energon dataset; preprocessed into if missing")
     work_dir: str = Field("outputs/train_sft_demo", description="raw data, dataset, job config")
     ranks: int = Field(2, ge=1, description="logical data-parallel ranks (rank + training actors)")
@@ -43,7 +47,7 @@ class TrainDemoConfig(BaseModel):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        get_task(task)
+        sft_demo_task(task)
         return task
 
     @field_validator("packing")
@@ -60,14 +64,20 @@ class TrainDemoConfig(BaseModel):
 
     @model_validator(mode="after")
     def _packing_fits_the_task(self) -> "TrainDemoConfig":
-        if self.packing is not None and not get_task(self.task).supports_packing:
+        task = sft_demo_task(self.task)
+        if self.tokenizer != "qwen3" and task.demo.processor_factory != TOKENIZER_FACTORY:
+            raise ValueError(
+                f"task {self.task!r} builds a multimodal processor around the project tokenizer; "
+                f"--tokenizer {self.tokenizer!r} works with text tasks only"
+            )
+        if self.packing is not None and not task.supports_packing:
             raise ValueError(
                 f"task {self.task!r} does not pack sequences (found packing={self.packing!r}); "
                 "leave --packing unset (or none) for this task"
             )
         return self
 
-    @field_validator("work_dir", "data", "checkpoint_dir")
+    @field_validator("work_dir", "data", "checkpoint_dir", "prompt_file", "system_prompt_file")
     @classmethod
     def _absolute(cls, path: Optional[str]) -> Optional[str]:
         return None if path is None else str(Path(path).expanduser().absolute())
@@ -100,22 +110,22 @@ class TrainDemoConfig(BaseModel):
 
     def loader_spec(self) -> LoaderSpec:
         """The train split of :attr:`dataset_path`, encoded by the task's encoder."""
-        task = get_task(self.task)
-        energon: dict = {
-            "shuffle_buffer_size": 64,
-            "max_samples_per_sequence": 16,
-            "task_encoder": task.task_encoder,
-        }
-        if task.cooker is not None:
-            energon["cooker"] = task.cooker
+        task = sft_demo_task(self.task)
+        energon: dict = {"shuffle_buffer_size": 64, "max_samples_per_sequence": 16, "task_encoder": task.name}
         if self.packing is not None:
             energon["packing_buffer_size"] = 4 * self.batch_size
+        data_config: dict[str, Any] = {"energon": energon, "shuffle": True}
+        for key in ("prompt_file", "system_prompt_file"):
+            if getattr(self, key) is not None:
+                data_config[key] = getattr(self, key)  # read here, on the driver: actors get the text
+        custom_tokenizer = self.tokenizer != "qwen3"
         return LoaderSpec(
-            data_config={"energon": energon, "shuffle": True},
+            data_config=data_config,
             source={"path": self.dataset_path, "split": "train", "virtual_epoch_length": 100},
             batch_size=self.batch_size,
             max_sequence_length=self.seq_len,
             packing_algorithm=self.packing,
             sequence_length_pad_multiple=16 if self.packing else 1,
-            processor_factory=task.processor_factory,
+            processor_factory="rl_data.tokenization.tokenizer:load_tokenizer" if custom_tokenizer else task.demo.processor_factory,
+            processor_factory_kwargs={"name_or_path": self.tokenizer} if custom_tokenizer else {},
         )

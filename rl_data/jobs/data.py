@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rl_data.jobs.config import TrainDemoConfig
-from rl_data.jobs.tasks import get_task
+from rl_data.jobs.tasks import sft_demo_task
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,16 @@ def prepare_dataset(config: TrainDemoConfig) -> PreparedDataset:
             "dataset written by `rl-data preprocess`, or a path that does not exist yet to "
             "preprocess the packaged data into it"
         )
-    task = get_task(config.task)
+    task = sft_demo_task(config.task)
     raw = Path(config.work_dir) / "raw" / f"{task.name}-{config.num_conversations}.jsonl"
-    rows = task.write_raw_rows(raw, config.num_conversations)
+    rows = task.demo.write_raw_rows(raw, config.num_conversations)
     summary = run_preprocess(
         PreprocessConfig(
             inputs=[str(raw)],
             output=str(path),
-            adapter=task.adapter,
+            adapter=task.demo.adapter,
+            task=task.name,
+            tokenizer=config.tokenizer,
             target_shard_rows=max(4, rows // 16),  # ~16 shards: every rank reads several
             splits={"train": 0.8, "val": 0.1, "test": 0.1},
             progress=config.progress,

@@ -55,7 +55,7 @@ def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
 
 def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
     """Step, placement fingerprint and layout, ranks with their identity fingerprints, rank 0's identity."""
-    from rl_data.energon.identity import _identity_fingerprint
+    from rl_data.fingerprint import fingerprint
 
     ranks = content["ranks"]
     lines = [
@@ -69,7 +69,7 @@ def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
     for rank, state in enumerate(ranks):
         topology = state["identity"]["topology"]
         lines.append(
-            f"rank {rank}: identity fingerprint {_identity_fingerprint(state['identity'])} "
+            f"rank {rank}: identity fingerprint {fingerprint(state['identity'])} "
             f"(logical rank {topology['logical_rank']} of {topology['logical_world_size']})"
         )
     if ranks:
@@ -81,10 +81,11 @@ def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
 def refusal_lines(content: dict[str, Any], job: JobConfigFile) -> list[str]:
     """Every difference that makes a coordinator with ``job``'s config refuse the checkpoint ([] = restores)."""
     from rl_data.distributed.placement import config_layout, placement_fingerprint
-    from rl_data.energon.identity import _identity_differences, restore_differences
+    from rl_data.energon.identity import restore_differences
+    from rl_data.fingerprint import differences
 
     layout = config_layout(job.runtime)
-    lines = [f"placement layout: {line}" for line in _identity_differences(content["placement"]["layout"], layout)]
+    lines = [f"placement layout: {line}" for line in differences(content["placement"]["layout"], layout)]
     saved_ranks = content["ranks"]
     world = job.runtime.world_size
     if len(saved_ranks) != world:

@@ -1,4 +1,6 @@
-"""Raw rows of the main job's multimodal and preference tasks (written as JSONL + image files).
+"""Raw rows of the main job's tasks (written as JSONL, plus image files).
+
+* ``chat_sft``: the chitchat conversations as OpenAI ``{"messages": [...]}`` rows.
 
 * ``vlm_sft``: synthetic pictures of one coloured shape (circle, square, triangle; red, green,
   blue, yellow) on a white background, saved as PNG files beside the JSONL, with a question about
@@ -98,3 +100,16 @@ def write_chitchat_preference_rows(path: Path, limit: int) -> int:
         for row in rows:
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     return len(rows)
+
+
+def write_chitchat_rows(path: Path, limit: int) -> int:
+    """The first ``limit`` chitchat conversations as OpenAI ``{"messages": [...]}`` rows."""
+    from rl_data.sample_data import chitchat_conversations
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with path.open("w", encoding="utf-8") as out:
+        for conversation in chitchat_conversations(limit=limit):
+            out.write(json.dumps({"messages": conversation["messages"]}, ensure_ascii=False) + "\n")
+            written += 1
+    return written

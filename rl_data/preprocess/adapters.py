@@ -42,24 +42,40 @@ class AdapterSpec:
     name: str
     fn: Adapter
     detect_keys: tuple[frozenset[str], ...]
+    #: Detected only when a task restricts detection to its adapters (``--task``).
+    task_only: bool = False
 
 
 ADAPTERS: dict[str, AdapterSpec] = {}
 
 
-def register_adapter(name: str, *detect_keys: Sequence[str]) -> Callable[[Adapter], Adapter]:
-    """Decorator registering ``fn`` under ``name``; rows holding all of one key set are detected as it."""
+def register_adapter(
+    name: str, *detect_keys: Sequence[str], task_only: bool = False
+) -> Callable[[Adapter], Adapter]:
+    """Decorator registering ``fn`` under ``name``; rows holding all of one key set are detected as it.
+
+    ``task_only`` adapters take part in detection only among a task's adapters (``--task``), for
+    schemas whose keys another task's adapter also detects (GSM8K ``question``/``answer``).
+    """
 
     def decorate(fn: Adapter) -> Adapter:
-        ADAPTERS[name] = AdapterSpec(name, fn, tuple(frozenset(keys) for keys in detect_keys))
+        ADAPTERS[name] = AdapterSpec(name, fn, tuple(frozenset(keys) for keys in detect_keys), task_only)
         return fn
 
     return decorate
 
 
+def _register_task_adapters() -> None:
+    """Import the registered tasks: task modules register their own adapters (e.g. ``gsm8k``)."""
+    from rl_data.tasks import registered_tasks
+
+    registered_tasks()
+
+
 @lru_cache(maxsize=None)
 def resolve_adapter(name: str) -> Adapter:
     """A registered adapter by name, or a user callable by import path ``"pkg.module:function"``."""
+    _register_task_adapters()
     if name in ADAPTERS:
         return ADAPTERS[name].fn
     if ":" not in name:
@@ -83,17 +99,25 @@ def resolve_adapter(name: str) -> Adapter:
     return fn
 
 
-def detect_adapter(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The adapter whose schema matches the most ``rows``; ``ValueError`` if none or a tie."""
-    matches = {name: 0 for name in ADAPTERS}
+def detect_adapter(rows: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> str:
+    """The adapter (of ``names``, default all) whose schema matches the most ``rows``.
+
+    ``ValueError`` if none matches or several match equally often.
+    """
+    _register_task_adapters()
+    if names is None:
+        candidates = [spec for spec in ADAPTERS.values() if not spec.task_only]
+    else:
+        candidates = [ADAPTERS[name] for name in names if name in ADAPTERS]
+    matches = {spec.name: 0 for spec in candidates}
     for row in rows:
-        for spec in ADAPTERS.values():
+        for spec in candidates:
             if any(keys <= row.keys() for keys in spec.detect_keys):
                 matches[spec.name] += 1
     best = max(matches.values(), default=0)
     keys_seen = sorted({key for row in rows for key in row})
     if best == 0:
-        known = "; ".join(f"{s.name}: {' or '.join(str(sorted(k)) for k in s.detect_keys)}" for s in ADAPTERS.values())
+        known = "; ".join(f"{s.name}: {' or '.join(str(sorted(k)) for k in s.detect_keys)}" for s in candidates)
         raise ValueError(
             f"no adapter matches the input rows (keys found: {keys_seen}); known schemas: {known}. "
             "Pass --adapter NAME or --adapter package.module:function"

@@ -77,7 +77,10 @@ _RAY_DATA_ERROR_LOGGERS = ("ray.data._internal.execution.streaming_executor_stat
 def preprocess(
     inputs: Annotated[list[str], typer.Argument(help="input files, folders, globs or URIs (JSONL, JSON, Parquet)")],
     output: Annotated[str, typer.Option("--output", "-o", help="dataset folder to create")],
-    adapter: Annotated[str, typer.Option(help="auto | openai | sharegpt | alpaca | prompt_response | preference | pkg.module:function")] = "auto",
+    adapter: Annotated[str, typer.Option(help="auto | openai | sharegpt | alpaca | prompt_response | preference | gsm8k | "
+                                               "prompt_ground_truth | rl_messages | env_info | pkg.module:function")] = "auto",
+    task: Annotated[Optional[str], typer.Option(help="task whose samples to write (chat_sft, vlm_sft, preference, rl_prompt, "
+                                                     "pkg.module:TASK): auto-detect among its adapters only")] = None,
     input_format: Annotated[str, typer.Option("--format", help="auto | jsonl | json | parquet")] = "auto",
     tokenizer: Annotated[str, typer.Option(help="'qwen3' or a local tokenizer folder")] = "qwen3",
     max_tokens: Annotated[Optional[int], typer.Option(help="quarantine longer conversations as too_long")] = None,
@@ -105,7 +108,7 @@ def preprocess(
     """
     try:
         config = PreprocessConfig(
-            inputs=inputs, output=output, adapter=adapter, input_format=input_format, tokenizer=tokenizer,
+            inputs=inputs, output=output, adapter=adapter, task=task, input_format=input_format, tokenizer=tokenizer,
             max_tokens=max_tokens, target_shard_bytes=target_shard_bytes, target_shard_rows=target_shard_rows,
             splits=parse_splits(splits), control_text=control_text, max_failed_rows=max_failed_rows,
             max_failed_fraction=max_failed_fraction, overwrite=overwrite, num_cpus_per_task=num_cpus_per_task,

@@ -35,7 +35,6 @@ from rl_data.preprocess.validation import RowRejected
 
 #: Part type -> the row column whose items parts without a source take, in order.
 MEDIA_COLUMNS = {"image": "images", "video": "videos", "audio": "audios"}
-_MESSAGE_LISTS = {"sft": ("messages",), "preference": ("context", "chosen", "rejected")}
 
 
 def resolve_media(sample: dict[str, Any], folder: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -46,7 +45,9 @@ def resolve_media(sample: dict[str, Any], folder: str) -> tuple[dict[str, Any], 
     """
     resolver = _Resolver(folder, {t: _column(sample, name) for t, name in MEDIA_COLUMNS.items()})
     sample = {k: v for k, v in sample.items() if k not in MEDIA_COLUMNS.values()}
-    for list_name in _MESSAGE_LISTS[sample["kind"]]:
+    from rl_data.tasks import schema_for_kind
+
+    for list_name in schema_for_kind(sample["kind"]).message_lists:
         if isinstance(sample.get(list_name), list):
             sample[list_name] = [resolver.message(m, f"{list_name}[{i}]") for i, m in enumerate(sample[list_name])]
     for part_type, items in resolver.columns.items():

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from rl_data.energon.dataset_writer import DEFAULT_SPLITS, min_samples_for_splits
 from rl_data.preprocess import adapters, readers, transform, writer
+from rl_data.tasks import get_task
 from rl_data.preprocess.validation import RowRejected, parse_row
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 
@@ -56,6 +57,8 @@ class PreprocessConfig(BaseModel):
     output: str = Field(description="dataset folder to create (absolute path for ray job submit)")
     input_format: Literal["auto", "jsonl", "json", "parquet"] = "auto"
     adapter: str = Field("auto", description="'auto', a registered adapter name or 'pkg.module:function'")
+    task: str | None = Field(None, description="task whose samples to write ('rl_prompt', 'pkg.module:TASK'): "
+                             "'auto' detects among its adapters and rows of another kind are refused")
     tokenizer: str = Field("qwen3", description="'qwen3' (project tokenizer) or a local tokenizer folder")
     max_tokens: PositiveInt | None = Field(None, description="quarantine rows longer than this (too_long)")
     target_shard_bytes: PositiveInt = 64 * 1024 * 1024
@@ -123,6 +126,7 @@ def connect_ray(address: str | None = None) -> None:
 
 def choose_adapter(config: PreprocessConfig, peeked: list[tuple[readers.InputFile, int, str]]) -> str:
     """The configured adapter, or the one detected from the ``peeked`` first rows."""
+    task = get_task(config.task) if config.task is not None else None
     if config.adapter != "auto":
         adapters.resolve_adapter(config.adapter)  # fail fast on the driver
         return config.adapter
@@ -130,7 +134,9 @@ def choose_adapter(config: PreprocessConfig, peeked: list[tuple[readers.InputFil
     for _, _, raw in peeked:
         with contextlib.suppress(RowRejected):
             rows.append(parse_row(raw))
-    return adapters.detect_adapter(rows)
+    if task is not None and not task.adapters:
+        raise ValueError(f"task {task.name!r} names no preprocess adapters to detect from; pass --adapter")
+    return adapters.detect_adapter(rows, task.adapters if task is not None else None)
 
 
 def check_job(config: PreprocessConfig) -> tuple[list[readers.InputFile], str]:
@@ -225,7 +231,7 @@ def _transformed_batches(config: PreprocessConfig, files: list[readers.InputFile
         num_cpus=config.num_cpus_per_task,
         fn_kwargs={"adapter": adapters.resolve_adapter(adapter), "tokenizer": config.tokenizer, "max_tokens": config.max_tokens,
                    "raw_chars": config.raw_chars, "folders": {f.name: readers.file_folder(f) for f in files},
-                   "control_text": config.control_text},
+                   "control_text": config.control_text, "task": config.task},
     )
     return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
 

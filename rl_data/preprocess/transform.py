@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +34,8 @@ from rl_data.energon.sample_format import SAMPLE_MEMBER, encode_sample
 from rl_data.preprocess.adapters import Adapter
 from rl_data.preprocess.media import resolve_media
 from rl_data.preprocess.validation import RowRejected, conversations_of, parse_row, text_view, validate_sample
+from rl_data.tasks import get_task
+from rl_data.tokenization.tokenizer import load_tokenizer
 from rl_data.tokenization.validation import ControlTextError
 
 OUTPUT_SCHEMA = pa.schema([
@@ -56,18 +57,6 @@ def sample_key(file: str, row: int) -> str:
 def file_key_prefix(file: str) -> str:
     """The key prefix of one input file name."""
     return hashlib.sha256(file.encode("utf-8")).hexdigest()[:16]
-
-
-@lru_cache(maxsize=4)
-def load_tokenizer(name: str) -> Any:
-    """``"qwen3"`` (the project tokenizer, built offline) or a local tokenizer folder; cached per process."""
-    if name == "qwen3":
-        from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
-
-        return load_qwen3_tokenizer()
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name)
 
 
 def token_length(sample: dict[str, Any], tokenizer: Any, control_text: str = "reject") -> int:
@@ -93,14 +82,16 @@ def content_hash(sample: dict[str, Any], media: dict[str, bytes]) -> int:
 
 def transform_batch(
     batch: pa.Table, *, adapter: Adapter, tokenizer: str, max_tokens: int | None, raw_chars: int,
-    folders: dict[str, str], control_text: str = "reject",
+    folders: dict[str, str], control_text: str = "reject", task: str | None = None,
 ) -> pa.Table:
     """Adapt, validate, load media, measure and encode every row of a ``readers.ROW_SCHEMA`` batch.
 
     ``folders`` maps each input file name to its folder (path or URI), where relative media
-    paths of its rows start.
+    paths of its rows start. With ``task``, a row the adapter turns into another kind than the
+    task stores is rejected (``adapter_error``).
     """
     tok = load_tokenizer(tokenizer)
+    kind = get_task(task).schema.kind if task is not None else None
     columns: dict[str, list] = {name: [] for name in OUTPUT_SCHEMA.names}
     rows = zip(batch["file"].to_pylist(), batch["row"].to_pylist(), batch["raw"].to_pylist(),
                batch["utf8_error"].to_pylist())
@@ -109,7 +100,8 @@ def transform_batch(
                "payload": b"", "media": [], "num_tokens": -1, "reason": "", "message": "", "raw": "",
                "content_hash": 0}
         try:
-            out.update(_transform_row(raw, utf8_error, file, row, tok, max_tokens, folders[file], adapter, control_text))
+            out.update(_transform_row(raw, utf8_error, file, row, tok, max_tokens, folders[file], adapter, control_text,
+                                      kind))
         except RowRejected as rejected:
             out.update(reason=rejected.reason, message=rejected.message, raw=raw[:raw_chars])
         except Exception as error:  # noqa: BLE001 - one bad row must not end the job
@@ -119,10 +111,13 @@ def transform_batch(
     return pa.Table.from_pydict(columns, schema=OUTPUT_SCHEMA)
 
 
-def _transform_row(raw, utf8_error, file, row, tok, max_tokens, folder, adapter, control_text) -> dict[str, Any]:
+def _transform_row(raw, utf8_error, file, row, tok, max_tokens, folder, adapter, control_text, kind) -> dict[str, Any]:
     if utf8_error:
         raise RowRejected("invalid_utf8", utf8_error)
     sample = _adapt(adapter, parse_row(raw))
+    if kind is not None and sample["kind"] != kind:
+        raise RowRejected("adapter_error", f"the adapter wrote a {sample['kind']!r} sample but the task stores "
+                                           f"{kind!r} samples; choose an adapter of the task (--adapter)")
     validate_sample(sample, media=True)
     num_tokens = _measure(sample, tok, control_text)
     if max_tokens is not None and num_tokens > max_tokens:
@@ -148,10 +143,11 @@ def _adapt(adapt: Any, row: dict[str, Any]) -> dict[str, Any]:
         raise
     except Exception as error:  # a user adapter's bug is reported per row, not fatal
         raise RowRejected("adapter_error", f"{type(error).__name__}: {error}") from None
-    if not isinstance(sample, dict) or sample.get("kind") not in ("sft", "preference"):
-        raise RowRejected(
-            "adapter_error", f"adapter returned {sample!r:.80}; expected a dict with kind 'sft' or 'preference'"
-        )
+    from rl_data.tasks import sample_schemas
+
+    kinds = sorted(sample_schemas())
+    if not isinstance(sample, dict) or sample.get("kind") not in kinds:
+        raise RowRejected("adapter_error", f"adapter returned {sample!r:.80}; expected a dict with a 'kind' of {kinds}")
     return sample
 
 

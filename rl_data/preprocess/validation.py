@@ -1,7 +1,7 @@
 """Row validation with reason codes: every rejected row says which rule it broke and where.
 
 A problem is raised as :class:`RowRejected` ``(reason, message)``; ``reason`` is one of
-:data:`REASONS`. Message checks build on :func:`rl_data.tokenization.validate_messages` (the
+:data:`REASONS` or a code a task schema adds (:func:`known_reasons`). Message checks build on :func:`rl_data.tokenization.validate_messages` (the
 loader's own rules); the checks before it only give the common problems their own codes.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rl_data.energon.sample_format import is_media_part
+from rl_data.fingerprint import brief
 from rl_data.tokenization.validation import CHAT_ROLES, validate_messages
 
 #: Reason code -> what it means. Summaries and ``dataset_info.json`` count rows per code.
@@ -25,7 +26,6 @@ REASONS: dict[str, str] = {
     "non_text_content": "a message content is not text or media parts (number, dict, bytes, image_url part, ...)",
     "empty_content": "a message content is empty or whitespace only",
     "no_assistant_turn": "the conversation has no assistant turn to train on",
-    "identical_preference": "a preference pair has identical chosen and rejected completions",
     "invalid_message": "the message list breaks another chat rule (tool calls, ...)",
     "too_long": "the tokenized conversation is longer than max_tokens",
     "adapter_error": "the schema adapter raised an unexpected exception",
@@ -45,8 +45,8 @@ class RowRejected(ValueError):
     """A row that cannot become a sample; ``reason`` is a key of :data:`REASONS`."""
 
     def __init__(self, reason: str, message: str):
-        if reason not in REASONS:
-            raise ValueError(f"unknown rejection reason {reason!r}; expected one of {sorted(REASONS)}")
+        if reason not in REASONS and reason not in known_reasons():
+            raise ValueError(f"unknown rejection reason {reason!r}; expected one of {sorted(known_reasons())}")
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -90,40 +90,51 @@ def _refuse_lone_surrogates(value: Any, where: str) -> None:
 
 
 def validate_sample(sample: Mapping[str, Any], *, media: bool = False) -> None:
-    """Raise :class:`RowRejected` for the first problem of an adapted sample (SFT or preference).
+    """Raise :class:`RowRejected` for the first problem of an adapted sample of any task's kind.
 
-    With ``media``, image/video/audio content parts are allowed (their sources are checked by
+    The sample's ``kind`` selects its task schema (:func:`rl_data.tasks.schema_for_kind`). With
+    ``media``, image/video/audio content parts are allowed (their sources are checked by
     :func:`rl_data.preprocess.media.resolve_media`); otherwise they are ``non_text_content``.
     """
-    if sample.get("kind") == "preference":
-        context = sample.get("context")
-        for field in ("context", "chosen", "rejected"):
-            if not isinstance(sample.get(field), list) or (field != "context" and not sample[field]):
-                raise RowRejected("missing_field", f"preference {field!r} must be a non-empty list of messages")
-        for field in ("chosen", "rejected"):
-            _validate_conversation(context + sample[field], where=f"{field}: ", media=media)
-            if not any(_role(m) == "assistant" for m in sample[field]):
-                raise RowRejected("no_assistant_turn", f"{field} has no assistant message")
-        if sample["chosen"] == sample["rejected"]:
-            raise RowRejected("identical_preference", "chosen and rejected are identical")
-        return
-    _validate_conversation(sample.get("messages"), where="", media=media)
+    from rl_data.tasks import schema_for_kind
+
+    try:
+        schema = schema_for_kind(sample.get("kind"))
+    except ValueError as error:
+        raise RowRejected("adapter_error", str(error)) from None
+    schema.validate(sample, media)
 
 
 def conversations_of(sample: Mapping[str, Any]) -> list[list[dict]]:
-    """The conversations a sample trains on: its messages, or context + chosen / + rejected."""
-    if sample["kind"] == "preference":
-        return [sample["context"] + sample["chosen"], sample["context"] + sample["rejected"]]
-    return [sample["messages"]]
+    """The conversations a sample is measured by (its task schema's; e.g. context + chosen / + rejected)."""
+    from rl_data.tasks import schema_for_kind
+
+    return schema_for_kind(sample["kind"]).conversations(sample)
 
 
-def _validate_conversation(messages: Any, *, where: str, media: bool) -> None:
+def known_reasons() -> dict[str, str]:
+    """:data:`REASONS` plus the reason codes every registered task schema adds."""
+    from rl_data.tasks import sample_schemas
+
+    reasons = dict(REASONS)
+    for schema in sample_schemas().values():
+        reasons.update(schema.reasons)
+    return reasons
+
+
+def validate_conversation(messages: Any, *, where: str = "", media: bool = False, require_assistant: bool = True) -> None:
+    """Raise :class:`RowRejected` for the first problem of one message list.
+
+    Checks shape, roles, content type and emptiness, the chat rules of
+    :func:`rl_data.tokenization.validate_messages` and, with ``require_assistant``, that there is an
+    assistant turn to train on. ``where`` prefixes every message (e.g. ``"chosen: "``).
+    """
     if not isinstance(messages, list) or not messages:
-        raise RowRejected("missing_field", f"{where}messages must be a non-empty list, found {_brief(messages)}")
+        raise RowRejected("missing_field", f"{where}messages must be a non-empty list, found {brief(messages)}")
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise RowRejected("invalid_message", (
-                f"{where}message {index} is a {type(message).__name__} ({_brief(message)}); "
+                f"{where}message {index} is a {type(message).__name__} ({brief(message)}); "
                 "expected a dict with 'role' and 'content'"))
         if message.get("role") not in CHAT_ROLES:
             raise RowRejected(
@@ -137,14 +148,14 @@ def _validate_conversation(messages: Any, *, where: str, media: bool) -> None:
             state = "is null" if "content" in message else "is missing"
             raise RowRejected("missing_field", f"{label}: 'content' {state}; expected text or content parts")
         if not _is_text(content, media):
-            raise RowRejected("non_text_content", f"{label}: content must be text, found {_brief(content)}")
+            raise RowRejected("non_text_content", f"{label}: content must be text, found {brief(content)}")
         if not _text_of(content).strip() and not (media and any(is_media_part(p) for p in content)):
             raise RowRejected("empty_content", f"{label}: content is empty")
     try:
         validate_messages([text_view(message) for message in messages] if media else messages)
     except ValueError as error:
         raise RowRejected("invalid_message", f"{where}{error}") from None
-    if not any(message["role"] == "assistant" for message in messages):
+    if require_assistant and not any(message["role"] == "assistant" for message in messages):
         roles = [message["role"] for message in messages]
         raise RowRejected("no_assistant_turn", f"{where}conversation has no assistant turn (roles {roles})")
 
@@ -173,8 +184,3 @@ def _text_of(content: str | Sequence[Mapping[str, str]]) -> str:
 
 def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, Mapping) else None
-
-
-def _brief(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

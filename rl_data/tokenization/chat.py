@@ -7,19 +7,32 @@ measured from the first character where the two renders differ. The first turn g
 tokenizer's BOS when it has one and the turn does not start with it; the last turn loses its
 trailing newlines and gets EOS when it does not already end with it.
 
-:func:`get_formatted_message_log_reference` computes exactly that, one render per prefix
-(quadratic in turns). :func:`get_formatted_message_log` renders once (with
-:func:`~rl_data.tokenization.chat_template.render_chatml`, the template as plain Python) and
-splits the text at the turn ends, which is valid for this project's prefix-stable ChatML
-template (see :mod:`rl_data.tokenization.chat_template`); for any other template, or when a
-message's text contains the template's turn delimiter, it falls back to the reference.
+**Two paths.** :func:`get_formatted_message_log_reference` computes exactly that, one render
+per prefix (quadratic in turns). :func:`get_formatted_message_log` takes the path
+:func:`formatting_path` decides once per chat template (logged once, with the template's
+sha256 and the reason):
 
-It also tokenizes the whole text in one call and splits the ids where each turn starts with
-``<|im_start|>``: an added special token is cut out of the text before pre-tokenization, so
-the ids on either side of it are exactly the ids of the pieces encoded apart. Where a turn
-does not start with it (after a mid-conversation generation prompt), each turn is encoded
-apart. Tests prove both paths identical to the reference on thousands of real and synthetic
-conversations.
+* ``"linear"``: render the conversation once and cut the text at the turn ends. Taken when
+  the template renders turn by turn, which is checked by probing it on synthetic
+  conversations (system prompts, tool calls, mid-conversation system turns, ``<think>``
+  reasoning in assistant turns, generation prompt on and off) against the prefix-render
+  definition; the probe also learns the text each role's turn ends with (``<|im_end|>\n``, ``<|eot_id|>``, `` [/INST]``, ...). The first
+  turn ends where the render of ``messages[:1]`` ends (one more render of one message), so
+  preambles such as a tool list are handled. A conversation whose strings contain a turn end
+  (or end with the start of one), or with a mid-conversation role the probe did not see, is
+  rendered per prefix. The project ChatML template is rendered in plain Python
+  (:func:`~rl_data.tokenization.chat_template.render_chatml`), others with Jinja.
+* ``"prefix"``: the reference computation, for templates that re-render earlier turns when a
+  turn is added (Qwen3's stripping of earlier ``<think>`` blocks, a turn count in the first
+  message) or whose render the probe could not split.
+
+Either path tokenizes the whole text in one call and cuts the ids at the turn boundaries when
+each boundary touches a special token of the tokenizer (the turn starts with one or the
+previous turn ends with one): an added special token is cut out of the text before
+pre-tokenization, so the ids on either side of it are exactly the ids of the pieces encoded
+apart. Other boundaries (after a mid-conversation generation prompt) are encoded turn by turn.
+Tests prove both paths identical to the reference on real and synthetic conversations, on
+three template families (:mod:`rl_data.tokenization.templates`).
 
 **Control text.** Message or tool text holding a control token of the tokenizer (any special
 token, e.g. ``<|im_end|>``; see :func:`~rl_data.tokenization.validation.control_tokens`) would
@@ -34,25 +47,25 @@ that path.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from rl_data.tokenization.chat_template import (
-    CHATML_TEMPLATE,
-    GENERATION_PROMPT,
-    TURN_END,
-    TURN_START,
-    render_chatml,
-)
+from rl_data.tokenization.chat_template import CHATML_TEMPLATE, render_chatml
 from rl_data.tokenization.validation import (
     CONTROL_TEXT_POLICIES,
     TrustedText,
     control_text_error,
     control_text_pattern,
+    control_tokens,
     find_control_text,
     validate_messages,
 )
@@ -61,7 +74,9 @@ if TYPE_CHECKING:
     from rl_data.interfaces import LLMMessageLogType, TaskDataSpec, TokenizerType
 
 __all__ = [
+    "FormattingPath",
     "apply_task_data_spec",
+    "formatting_path",
     "get_formatted_message_log",
     "get_formatted_message_log_reference",
     "validate_messages",
@@ -69,13 +84,15 @@ __all__ = [
 
 # Turns after which ``add_generation_prompt`` appends the assistant header.
 GENERATION_PROMPT_ROLES = ("user", "tool")
-_TURN_END_PATTERN = re.compile(re.escape(TURN_END))
+_logger = logging.getLogger(__name__)
 
 
 def apply_task_data_spec(messages: Sequence[dict], task_data_spec: TaskDataSpec | None) -> list[dict]:
     """Copy ``messages``, format the first user turn with ``spec.prompt`` and prepend ``spec.system_prompt``.
 
-    ``prompt`` is applied with ``str.format`` to the text (each text part of list content);
+    ``prompt`` is applied with ``str.format`` to the first user turn's text: its string content,
+    or its first text part that is not processor placeholder text (``TrustedText`` media
+    placeholders stay as they are); a first user turn without text is refused (``ValueError``).
     ``system_prompt`` becomes a leading system message unless one is already there.
     """
     conversation = [dict(message) for message in messages]
@@ -84,7 +101,7 @@ def apply_task_data_spec(messages: Sequence[dict], task_data_spec: TaskDataSpec 
     if prompt:
         first_user = next((i for i, m in enumerate(conversation) if m["role"] == "user"), None)
         if first_user is not None:
-            conversation[first_user]["content"] = _format_prompt(prompt, conversation[first_user]["content"])
+            conversation[first_user]["content"] = _format_prompt(prompt, conversation[first_user]["content"], first_user)
     if system_prompt and conversation[0]["role"] != "system":
         conversation.insert(0, {"role": "system", "content": system_prompt})
     return conversation
@@ -111,14 +128,16 @@ def get_formatted_message_log(
     """
     conversation = _prepare(messages, task_data_spec)
     mask = _control_text_mask(conversation, tools, tokenizer, control_text)
+    path = formatting_path(tokenizer)
     if mask is not None:
         return _plain_text_message_log(
-            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), True
+            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), path
         )
-    chunks = _chunks_from_single_render(conversation, tokenizer, add_generation_prompt, tools)
+    chunks = _chunks_from_single_render(conversation, tokenizer, path, add_generation_prompt, tools)
     if chunks is None:
         chunks = _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, tools)
-    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token)
+    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token,
+                            _wants_generation_prompt(conversation[-1], add_generation_prompt))
     token_ids = _encode_whole_and_split(chunks, tokenizer)
     if token_ids is None:
         token_ids = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer(chunks, add_special_tokens=False)["input_ids"]]
@@ -141,10 +160,11 @@ def get_formatted_message_log_reference(
     mask = _control_text_mask(conversation, tools, tokenizer, control_text)
     if mask is not None:
         return _plain_text_message_log(
-            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), False
+            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), None
         )
     chunks = _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, tools)
-    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token)
+    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token,
+                            _wants_generation_prompt(conversation[-1], add_generation_prompt))
     message_log = []
     for message, chunk in zip(conversation, chunks):
         ids = tokenizer(text=chunk, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
@@ -157,16 +177,23 @@ def _prepare(messages: Sequence[dict], task_data_spec: TaskDataSpec | None) -> l
     return apply_task_data_spec(messages, task_data_spec)
 
 
-def _format_prompt(prompt: str, content: str | list[dict]) -> str | list[dict]:
+def _format_prompt(prompt: str, content: str | list[dict], index: int) -> str | list[dict]:
     try:
         if isinstance(content, str):
             return prompt.format(content)
-        return [{**part, "text": prompt.format(part["text"])} if part["type"] == "text" else part for part in content]
+        for part_index, part in enumerate(content):
+            text = part.get("text") if part.get("type") == "text" else None
+            if isinstance(text, str) and not isinstance(text, TrustedText):
+                return [*content[:part_index], {**part, "text": prompt.format(text)}, *content[part_index + 1:]]
     except (IndexError, KeyError, ValueError) as error:
         raise ValueError(
             f"task_data_spec.prompt {prompt!r:.80} cannot be applied with str.format ({error!r}); "
             "expected exactly one '{}' placeholder, with literal braces written as '{{' and '}}'"
         ) from error
+    raise ValueError(
+        f"message {index} (the first user turn) has no text for the task prompt to format "
+        f"(content {content!r:.80}); give it a text part or drop the prompt"
+    )
 
 
 def _render(tokenizer: TokenizerType, conversation: list[dict], generation_prompt: bool, tools) -> str:
@@ -203,57 +230,288 @@ def _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, 
     return chunks
 
 
-def _chunks_from_single_render(conversation, tokenizer, add_generation_prompt, tools) -> list[str] | None:
-    """The prefix-render chunks computed from one render, or None where that is not provably equal.
+@dataclass(frozen=True)
+class FormattingPath:
+    """How :func:`get_formatted_message_log` splits conversations for one chat template."""
 
-    With the project template, the render of ``messages[:i + 1]`` is ``full[:ends[i]]`` plus the
-    generation prompt when requested, where ``ends[i]`` is the end of the i-th turn delimiter
-    (after the optional tool-list block). Each chunk then follows from the previous turn's
-    generation prompt and this turn's text alone.
+    #: ``"linear"``: one render cut at the turn ends; ``"prefix"``: one render per prefix
+    kind: Literal["linear", "prefix"]
+    #: why this path, in words (logged once per template)
+    reason: str
+    #: sha256 hex of the chat template (of its canonical JSON when it is not one string)
+    template_sha256: str | None
+    #: ``(role, text)``: every turn of ``role`` after the first ends with ``text`` (linear only)
+    turn_ends: tuple[tuple[str, str], ...] = ()
+    #: what ``add_generation_prompt`` appends to a render (linear only)
+    generation_prompt: str = ""
+
+
+_PATHS: dict[tuple, FormattingPath] = {}
+
+
+def formatting_path(tokenizer: TokenizerType) -> FormattingPath:
+    """The path the tokenizer's chat template takes, decided by probing it (see the module docstring).
+
+    Pure in the template and the special tokens the template sees; cached per such pair, and
+    logged once when first decided (info for linear, warning for prefix).
     """
-    if getattr(tokenizer, "chat_template", None) != CHATML_TEMPLATE:
+    template = getattr(tokenizer, "chat_template", None)
+    special = getattr(tokenizer, "special_tokens_map", None) or {}
+    key = (template if isinstance(template, str) else _canonical(template), _canonical(special))
+    path = _PATHS.get(key)
+    if path is None:
+        path = _PATHS[key] = _probe_template(tokenizer, _template_sha256(template))
+        log = _logger.info if path.kind == "linear" else _logger.warning
+        log("chat template sha256 %s: %s formatting path: %s", path.template_sha256, path.kind, path.reason)
+    return path
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _template_sha256(template: Any) -> str | None:
+    if template is None:
         return None
-    full = render_chatml(conversation, tools)
-    if full is None:
-        full = _render(tokenizer, conversation, False, tools)
-    header_blocks = 1 if tools and conversation[0]["role"] != "system" else 0
-    ends = [match.end() for match in _TURN_END_PATTERN.finditer(full)]
-    if len(ends) != len(conversation) + header_blocks:
-        return None  # a message contains the delimiter itself: only the reference is exact
+    text = template if isinstance(template, str) else _canonical(template)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _probe_call(index: int) -> dict:
+    return {"id": f"probe_call_{index}", "type": "function",
+            "function": {"name": "probe_lookup", "arguments": {"query": f"probe query {index}"}}}  # fmt: skip
+
+
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe_lookup", "description": "Look a query up.",
+                 "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]  # fmt: skip
+# (name, messages, tools): every role sits mid-conversation at least twice, after different text
+_PROBES: tuple[tuple[str, list[dict], list[dict] | None], ...] = (
+    ("alternating turns", [
+        {"role": "user", "content": "Alpha question 1"}, {"role": "assistant", "content": "Bravo answer 2"},
+        {"role": "user", "content": "Charlie question 3?"}, {"role": "assistant", "content": "Delta answer 4."},
+        {"role": "user", "content": "Echo question 5!"}], None),
+    ("system prompt", [
+        {"role": "system", "content": "Foxtrot system 6"}, {"role": "user", "content": "Golf question 7"},
+        {"role": "assistant", "content": "Hotel answer 8"}, {"role": "user", "content": "India question 9"},
+        {"role": "assistant", "content": "Juliet answer 0"}], None),
+    ("mid-conversation system turns", [
+        {"role": "user", "content": "Kilo question 1"}, {"role": "assistant", "content": "Lima answer 2"},
+        {"role": "system", "content": "Mike note 3"}, {"role": "user", "content": "November question 4"},
+        {"role": "system", "content": "Oscar note 5!"}, {"role": "assistant", "content": "Papa answer 6"}], None),
+    ("reasoning in assistant turns", [
+        {"role": "user", "content": "Quebec question 7"},
+        {"role": "assistant", "content": "<think>\nRomeo reasoning 8\n</think>\n\nSierra answer 9"},
+        {"role": "user", "content": "Tango question 1"},
+        {"role": "assistant", "content": "<think>\nUniform reasoning 2\n</think>\n\nVictor answer 3!"},
+        {"role": "user", "content": "Whiskey question 4"}], None),
+    ("tool calls", [
+        {"role": "system", "content": "Quebec system 7"}, {"role": "user", "content": "Romeo question 8"},
+        {"role": "assistant", "content": "Sierra looks up 9.", "tool_calls": [_probe_call(1), _probe_call(2)]},
+        {"role": "tool", "tool_call_id": "probe_call_1", "content": "Tango result 1"},
+        {"role": "tool", "tool_call_id": "probe_call_2", "content": "Uniform result 2?"},
+        {"role": "assistant", "content": "Victor answer 3"}, {"role": "user", "content": "Whiskey question 4"}],
+     _PROBE_TOOLS),
+    ("tool call without content", [
+        {"role": "user", "content": "Xray question 5"},
+        {"role": "assistant", "content": None, "tool_calls": [_probe_call(3)]},
+        {"role": "tool", "tool_call_id": "probe_call_3", "content": "Yankee result 6"},
+        {"role": "assistant", "content": "Zulu answer 7"}, {"role": "user", "content": "Alpha question 8"},
+        {"role": "assistant", "content": "Bravo answer 9"}], _PROBE_TOOLS),
+)  # fmt: skip
+
+
+def _probe_template(tokenizer, sha256: str | None) -> FormattingPath:
+    """Decide the path: prefix-stable renders, a constant generation prompt, learnable turn ends,
+    and the linear split equal to the prefix renders on every probe the template accepts."""
+
+    def prefix(reason: str) -> FormattingPath:
+        return FormattingPath("prefix", reason, sha256)
+
+    accepted = []
+    for name, messages, tools in _PROBES:
+        try:
+            renders = [_render(tokenizer, messages[: k + 1], False, tools) for k in range(len(messages))]
+            prompted = [_render(tokenizer, messages[: k + 1], True, tools) for k in range(len(messages))]
+        except Exception:  # noqa: BLE001 - a shape this template does not take (e.g. tools) is not probed
+            continue
+        accepted.append((name, messages, tools, renders, prompted))
+    if not accepted:
+        return prefix("the template renders none of the probe conversations")
+    generation_prompts, chunks_by_role = set(), {}
+    for name, messages, _, renders, prompted in accepted:
+        for k in range(1, len(messages)):
+            if not renders[k].startswith(renders[k - 1]):
+                differ = _common_prefix_length(renders[k - 1], renders[k])
+                return prefix(
+                    f"the template re-renders earlier turns: on probe {name!r} the render of messages[:{k}] is not "
+                    f"a prefix of the render of messages[:{k + 1}] (they differ from character {differ})"
+                )
+            chunks_by_role.setdefault(messages[k]["role"], []).append(renders[k][len(renders[k - 1]) :])
+        for render, with_prompt in zip(renders, prompted):
+            if not with_prompt.startswith(render):
+                return prefix(f"add_generation_prompt changes the text before the prompt on probe {name!r}")
+            generation_prompts.add(with_prompt[len(render) :])
+    if len(generation_prompts) != 1:
+        return prefix(
+            f"add_generation_prompt appends different texts after different turns: {sorted(generation_prompts)}"
+        )
+    learned = {role: _turn_end(chunks) for role, chunks in chunks_by_role.items()}
+    turn_ends = tuple(sorted((role, end) for role, end in learned.items() if end is not None))
+    candidate = FormattingPath("linear", "", sha256, turn_ends, generation_prompts.pop())
+    for name, messages, tools, _, _ in accepted:
+        for generation_prompt in (False, True):
+            linear = _chunks_from_single_render(messages, tokenizer, candidate, generation_prompt, tools)
+            if linear != _chunks_from_prefix_renders(messages, tokenizer, generation_prompt, tools):
+                return prefix(
+                    f"cutting one render at the turn ends {dict(turn_ends)} does not give the prefix renders on probe "
+                    f"{name!r} (add_generation_prompt={generation_prompt})"
+                )
+    names = ", ".join(repr(name) for name, *_ in accepted)
+    reason = (
+        f"the template renders turn by turn: on the probes {names}, one render cut at the turn ends "
+        f"{dict(turn_ends)} gives the prefix renders"
+    )
+    return FormattingPath("linear", reason, sha256, turn_ends, candidate.generation_prompt)
+
+
+def _turn_end(chunks: list[str]) -> str | None:
+    """The longest common suffix of a role's mid-conversation turns ("" when all are empty), or
+    None when non-empty turns share none (the turn end is not fixed text)."""
+    if not any(chunks):
+        return ""
+    end = chunks[0]
+    for chunk in chunks[1:]:
+        while not chunk.endswith(end):
+            end = end[1:]
+    return end or None
+
+
+def _render_once(tokenizer, conversation: list[dict], tools) -> str:
+    if getattr(tokenizer, "chat_template", None) == CHATML_TEMPLATE:
+        rendered = render_chatml(conversation, tools)
+        if rendered is not None:
+            return rendered
+    return _render(tokenizer, conversation, False, tools)
+
+
+def _chunks_from_single_render(
+    conversation, tokenizer, path: FormattingPath | None, add_generation_prompt, tools
+) -> list[str] | None:
+    """The prefix-render chunks from one render cut at the turn ends, or None where not provably equal.
+
+    On the linear path the render of ``messages[:i + 1]`` is ``full[:ends[i]]`` (plus the
+    generation prompt when requested): ``ends[0]`` is the length of the render of the first
+    message, ``ends[i]`` the end of the first occurrence of the turn end of ``messages[i]``'s
+    role after ``ends[i - 1]``. No string of the data may contain a turn end, or end with its
+    beginning, so every occurrence found is the template's own.
+    """
+    if path is None or path.kind != "linear":
+        return None
+    ends_by_role = dict(path.turn_ends)
+    middle = [message["role"] for message in conversation[1:-1]]
+    if any(role not in ends_by_role for role in middle):
+        return None
+    turn_ends = tuple(sorted({ends_by_role[role] for role in middle} - {""}))
+    if turn_ends and _turn_end_pattern(turn_ends).search(_data_text(conversation, tools)):
+        return None
+    full = _render_once(tokenizer, conversation, tools)
+    first = _render_once(tokenizer, conversation[:1], tools) if len(conversation) > 1 else full
+    if not full.startswith(first):
+        return None
+    ends = [len(first)]
+    for role in middle:
+        found = full.find(ends_by_role[role], ends[-1])
+        if found < 0:
+            return None
+        ends.append(found + len(ends_by_role[role]))
+    if len(conversation) > 1:
+        ends.append(len(full))
     chunks, start, previous_prompt = [], 0, ""
-    for message, end in zip(conversation, ends[header_blocks:]):
-        prompt = GENERATION_PROMPT if _wants_generation_prompt(message, add_generation_prompt) else ""
+    for message, end in zip(conversation, ends):
+        prompt = path.generation_prompt if _wants_generation_prompt(message, add_generation_prompt) else ""
         text = full[start:end] + prompt
         chunks.append(text[_common_prefix_length(previous_prompt, text) :])
         start, previous_prompt = end, prompt
     return chunks
 
 
+@lru_cache(maxsize=64)
+def _turn_end_pattern(turn_ends: tuple[str, ...]) -> re.Pattern[str]:
+    """Matches a turn end inside a string, or a string (NUL-terminated) ending with a turn end's beginning."""
+    whole = [re.escape(end) for end in turn_ends]
+    beginnings = {re.escape(end[:size]) + "\\0" for end in turn_ends for size in range(1, len(end))}
+    return re.compile("|".join(whole + sorted(beginnings)))
+
+
+def _data_text(conversation: list[dict], tools) -> str:
+    """Every string of the conversation and tools, each followed by NUL (keys and values)."""
+    if not tools:
+        join = "\0".join
+        try:
+            values = join([join(message.values()) for message in conversation])
+            return join(map(join, conversation)) + "\0" + values + "\0"
+        except TypeError:  # non-string values (tool calls, content parts): walk them
+            pass
+    return "".join(text + "\0" for text in _strings([conversation, tools]))
+
+
 def _encode_whole_and_split(chunks: list[str], tokenizer) -> list[torch.Tensor] | None:
     """Each chunk's ids from one tokenizer call on the joined text, or None where not provably equal.
 
-    Valid when every chunk after the first starts with ``<|im_start|>`` and that is an added
-    special token the tokenizer cuts out before pre-tokenization (no strip options): each
-    boundary then sits right before such a token. Chunk ``i`` starts at the
-    ``n``-th ``<|im_start|>`` id, ``n`` counting the occurrences in the chunks before it.
+    Valid when every boundary touches a special token matched verbatim (the next chunk starts
+    with one or the previous ends with one): the tokenizer cuts such tokens out before
+    pre-tokenization. The cut is found by counting the special tokens of the text before it and
+    locating that special id in the ids.
     """
-    if not all(chunk.startswith(TURN_START) for chunk in chunks[1:]):
+    specials = _verbatim_specials(tokenizer)
+    if specials is None:
         return None
-    start_id = _special_token_id(tokenizer, TURN_START)
-    if start_id is None:
-        return None
-    ids = torch.tensor(_encode_text(tokenizer, "".join(chunks)), dtype=torch.long)
-    positions = (ids == start_id).nonzero().flatten().tolist()
-    bounds, seen = [0], 0
+    pattern, special_ids = specials
+    text = "".join(chunks)
+    spans = [match.span() for match in pattern.finditer(text)]
+    starting = {start: index for index, (start, _) in enumerate(spans)}
+    ending = {end: index for index, (_, end) in enumerate(spans)}
+    cuts, offset = [], 0
     for chunk in chunks[:-1]:
-        seen += chunk.count(TURN_START)
-        if seen >= len(positions):
+        offset += len(chunk)
+        if offset in starting:
+            cuts.append((starting[offset], 0))  # right before the special token the next chunk starts with
+        elif offset in ending:
+            cuts.append((ending[offset], 1))  # right after the special token this chunk ends with
+        else:
             return None
-        bounds.append(positions[seen])
-    if seen + chunks[-1].count(TURN_START) != len(positions):
+    ids = torch.tensor(_encode_text(tokenizer, text), dtype=torch.long)
+    positions = torch.isin(ids, special_ids).nonzero().flatten().tolist()
+    if len(positions) != len(spans):
         return None
-    bounds.append(len(ids))
+    bounds = [0] + [positions[count] + after for count, after in cuts] + [len(ids)]
     return list(ids.split([end - begin for begin, end in zip(bounds, bounds[1:])]))
+
+
+_SPECIALS: "weakref.WeakKeyDictionary[Any, tuple[Any, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _verbatim_specials(tokenizer) -> tuple[re.Pattern[str], torch.Tensor] | None:
+    """(pattern of the special tokens, their ids) when every one is an added special token
+    matched verbatim (no strip or normalisation options), else None. Cached per tokenizer
+    until its special tokens change."""
+    pattern = control_text_pattern(tokenizer)
+    try:
+        cached_pattern, result = _SPECIALS[tokenizer]
+        if cached_pattern is pattern:
+            return result
+    except (KeyError, TypeError):
+        pass
+    result = None
+    if pattern is not None:
+        ids = [_special_token_id(tokenizer, token) for token in control_tokens(tokenizer)]
+        if None not in ids:
+            result = (pattern, torch.tensor(ids, dtype=torch.long))
+    try:
+        _SPECIALS[tokenizer] = (pattern, result)
+    except TypeError:  # not weak-referenceable: recomputed next time
+        pass
+    return result
 
 
 def _encode_text(tokenizer, text: str) -> list[int]:
@@ -286,12 +544,20 @@ def _special_token_id(tokenizer, token: str) -> int | None:
     return token_id
 
 
-def _apply_bos_eos(chunks: list[str], tokenizer, add_bos_token: bool, add_eos_token: bool) -> list[str]:
+def _apply_bos_eos(
+    chunks: list[str], tokenizer, add_bos_token: bool, add_eos_token: bool, ends_with_generation_prompt: bool
+) -> list[str]:
+    """BOS once at the start; the last turn's trailing newlines cut and EOS once at its end.
+
+    A last turn that ends with the generation prompt keeps it whole (``<|im_start|>assistant\n``:
+    the model continues after the newline).
+    """
     chunks = list(chunks)
     bos, eos = tokenizer.bos_token, tokenizer.eos_token
     if add_bos_token and bos is not None and not chunks[0].startswith(bos):
         chunks[0] = bos + chunks[0]
-    chunks[-1] = chunks[-1].rstrip("\n")
+    if not ends_with_generation_prompt:
+        chunks[-1] = chunks[-1].rstrip("\n")
     if add_eos_token and eos is not None and not chunks[-1].endswith(eos):
         chunks[-1] += eos
     return chunks
@@ -352,14 +618,16 @@ def _strings(value: Any):
             yield from _strings(item)
 
 
-def _plain_text_message_log(conversation, tokenizer, mask: _ControlTextMask, tools, flags, single_render: bool):
-    """The message log with the data's control text encoded as plain text (see the module docstring)."""
+def _plain_text_message_log(conversation, tokenizer, mask: _ControlTextMask, tools, flags, path):
+    """The message log with the data's control text encoded as plain text (see the module docstring);
+    ``path`` None renders per prefix."""
     add_bos_token, add_eos_token, add_generation_prompt = flags
     hidden, hidden_tools = mask.hide(conversation), mask.hide(tools) if tools else None
-    chunks = _chunks_from_single_render(hidden, tokenizer, add_generation_prompt, hidden_tools) if single_render else None
+    chunks = _chunks_from_single_render(hidden, tokenizer, path, add_generation_prompt, hidden_tools)
     if chunks is None:
         chunks = _chunks_from_prefix_renders(hidden, tokenizer, add_generation_prompt, hidden_tools)
-    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token)
+    chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token,
+                            _wants_generation_prompt(conversation[-1], add_generation_prompt))
     pieces = [mask.pieces.split(chunk) for chunk in chunks]  # text, template control token, text, ...
     texts = [mask.restore(text) for chunk_pieces in pieces for text in chunk_pieces[::2]]
     encoded = iter(_encode_plain_text(tokenizer, texts))

@@ -13,6 +13,7 @@ a folder built by another recipe is rebuilt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import json
@@ -129,6 +130,31 @@ def load_qwen3_tokenizer(cache_dir: str | os.PathLike | None = None) -> PreTrain
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(build_qwen3_tokenizer(cache_dir)))
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(name_or_path: str = "qwen3") -> PreTrainedTokenizerFast:
+    """``"qwen3"`` (the project tokenizer, built offline) or a local tokenizer folder; cached per process.
+
+    A folder is loaded with ``AutoTokenizer.from_pretrained(path, local_files_only=True)``; it
+    needs a chat template (``tokenizer_config.json`` ``chat_template`` or ``chat_template.jinja``).
+    """
+    if name_or_path == "qwen3":
+        return load_qwen3_tokenizer()
+    from transformers import AutoTokenizer
+
+    if not Path(name_or_path).is_dir():
+        raise ValueError(
+            f"tokenizer {name_or_path!r} is neither 'qwen3' nor a local folder; pass a folder holding "
+            "tokenizer.json / tokenizer_config.json (hub names cannot be downloaded here)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"tokenizer at {name_or_path!r} has no chat template; add one (tokenizer_config.json "
+            "'chat_template' or chat_template.jinja) before using it for chat data"
+        )
+    return tokenizer
 
 
 def _is_current_build(folder: Path) -> bool:

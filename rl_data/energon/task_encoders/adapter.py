@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from rl_data.interfaces import LLMMessageLogType
+from rl_data.interfaces import LLMMessageLogType, TaskDataSpec
 from rl_data.tokenization import get_formatted_message_log
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 
@@ -64,6 +64,10 @@ class ProcessorAdapter:
     #: what to do with the tokenizer's special tokens inside message text (see README
     #: "Control text policy"): ``"reject"`` the sample, or encode it as ``"plain_text"``
     control_text: str = "reject"
+    #: ``TaskDataSpec.prompt``: the first user turn's text becomes ``prompt.format(text)``
+    prompt: str | None = None
+    #: ``TaskDataSpec.system_prompt``: inserted first when the conversation has no system turn
+    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_sequence_length < 1:
@@ -81,8 +85,9 @@ class ProcessorAdapter:
     ) -> "ProcessorAdapter":
         """Build from a tokenizer or a processor (its ``.tokenizer`` is used) and the data config.
 
-        ``add_bos``, ``add_eos``, ``add_generation_prompt`` and ``control_text`` come from
-        ``data_config`` (defaults True, True, False, ``"reject"``).
+        ``add_bos``, ``add_eos``, ``add_generation_prompt``, ``control_text``, ``prompt`` and
+        ``system_prompt`` come from ``data_config`` (defaults True, True, False, ``"reject"``,
+        None, None).
         """
         if processor is None:
             raise ValueError("processor is None: pass a tokenizer or a processor with .tokenizer")
@@ -93,6 +98,8 @@ class ProcessorAdapter:
             add_eos=bool(data_config.get("add_eos", True)),
             add_generation_prompt=bool(data_config.get("add_generation_prompt", False)),
             control_text=str(data_config.get("control_text", "reject")),
+            prompt=data_config.get("prompt"),
+            system_prompt=data_config.get("system_prompt"),
         )
 
     @property
@@ -111,8 +118,8 @@ class ProcessorAdapter:
     def identity(self) -> dict[str, Any]:
         """The plain-JSON description hashed into :attr:`fingerprint`.
 
-        ``control_text`` is listed only when it is not the default, so fingerprints of loaders
-        that never set it stay what they were.
+        ``control_text``, ``prompt`` and ``system_prompt`` are listed only when they are not the
+        defaults, so fingerprints of loaders that never set them stay what they were.
         """
         identity = {
             "tokenizer": os.path.basename(str(self.tokenizer.name_or_path).rstrip("/")),
@@ -126,6 +133,9 @@ class ProcessorAdapter:
         }
         if self.control_text != "reject":
             identity["control_text"] = self.control_text
+        for name in ("prompt", "system_prompt"):
+            if getattr(self, name) is not None:
+                identity[name] = getattr(self, name)
         return identity
 
     @cached_property
@@ -141,18 +151,31 @@ class ProcessorAdapter:
         This is what a loader identity records, so a refusal names the field that changed
         (``adapter.max_sequence_length 1024 -> 2048``) without carrying the template text.
         """
-        summary = {k: v for k, v in self.identity.items() if k != "chat_template"}
+        summary = {k: v for k, v in self.identity.items() if k not in ("chat_template", "prompt", "system_prompt")}
         summary["chat_template_sha256"] = _template_digest(self.identity["chat_template"])
+        for name in ("prompt", "system_prompt"):
+            if name in self.identity:
+                summary[f"{name}_sha256"] = _template_digest(self.identity[name])
         summary["fingerprint"] = self.fingerprint
         return summary
+
+    @cached_property
+    def task_data_spec(self) -> TaskDataSpec | None:
+        """``prompt`` and ``system_prompt`` as the ``TaskDataSpec`` the formatting applies (None: neither)."""
+        if self.prompt is None and self.system_prompt is None:
+            return None
+        spec = TaskDataSpec()
+        spec.prompt, spec.system_prompt = self.prompt, self.system_prompt
+        return spec
 
     def format(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> LLMMessageLogType:
-        """Tokenise ``messages`` through the chat template into a ``message_log``."""
+        """Apply the task prompts, then tokenise through the chat template into a ``message_log``."""
         return get_formatted_message_log(
             list(messages),
             self.tokenizer,
+            self.task_data_spec,
             add_bos_token=self.add_bos,
             add_eos_token=self.add_eos,
             add_generation_prompt=self.add_generation_prompt,

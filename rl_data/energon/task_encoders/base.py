@@ -23,7 +23,7 @@ from megatron.energon import Cooker, DefaultTaskEncoder, Sample, edataclass, sta
 
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-from rl_data.energon.task_encoders.cookers import get_cooker
+from rl_data.energon.task_encoders.cookers import ChatCooker
 from rl_data.energon.task_encoders.packing import build_pack, collate_packs, select_packs
 from rl_data.packing import get_packer
 from rl_data.tokenization import truncate_message_log
@@ -66,8 +66,8 @@ class BaseSFTTaskEncoder(
 
     #: Bump when the encoded output for the same input changes (part of the loader identity).
     COMPONENT_VERSION = 1
-    #: Cooker used when none is configured.
-    DEFAULT_COOKER = "chat"
+    #: Cooker class used when none is given.
+    DEFAULT_COOKER: type = ChatCooker
     #: Energon must hand raw bytes to the cooker, which decodes and validates them.
     decoder = None
 
@@ -82,12 +82,12 @@ class BaseSFTTaskEncoder(
         sequence_length_pad_multiple: int = 1,
         only_unmask_final: bool = False,
         tokenizer: Any = None,
-        cooker: Optional[str] = None,
+        cooker: Optional[type] = None,
         packing_seed: int = 0,
         failure_tolerance: Optional[int] = None,
     ) -> None:
-        """``cooker`` None selects :attr:`DEFAULT_COOKER`; ``failure_tolerance`` overrides
-        Energon's consecutive-failure limit per stage (default 100)."""
+        """``cooker`` (a cooker class) None selects :attr:`DEFAULT_COOKER`; ``failure_tolerance``
+        overrides Energon's consecutive-failure limit per stage (default 100)."""
         super().__init__()
         if max_sequence_length != adapter.max_sequence_length:
             raise ValueError(
@@ -104,7 +104,7 @@ class BaseSFTTaskEncoder(
         self.include_source_ids = include_source_ids
         self.only_unmask_final = only_unmask_final
         self.sequence_length_pad_multiple = sequence_length_pad_multiple
-        self.cooker = get_cooker(cooker or self.DEFAULT_COOKER)
+        self.cooker = cooker or self.DEFAULT_COOKER
         self.cookers = (Cooker(self.cooker.cook),)
         if failure_tolerance is not None:
             self.__default_failure_tolerance__ = failure_tolerance

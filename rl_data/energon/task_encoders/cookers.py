@@ -17,18 +17,16 @@ from rl_data.energon.sample_format import decode_sample
 from rl_data.tokenization import validate_messages
 
 
-_KIND_NAMES = {"sft": "SFT", "preference": "preference"}
-
-
 def decode_record(raw: dict[str, Any], kind: str, *, reader: str) -> tuple[Any, dict[str, Any]]:
     """The sample key and decoded JSON record, which must be of ``kind`` (``ValueError`` if not)."""
     record = decode_sample(raw)
     key = raw.get("__key__")
     if record["kind"] != kind:
-        other = "a preference task encoder" if kind == "sft" else "an SFT task encoder"
+        from rl_data.tasks import tasks_for_kind
+
         raise ValueError(
             f"sample {key!r} is a {record['kind']!r} sample; {reader} reads only kind {kind!r} "
-            f"(use {other} for {_KIND_NAMES.get(record['kind'], record['kind'])} data)"
+            f"(tasks that read {record['kind']!r} samples: {tasks_for_kind(record['kind'])})"
         )
     return key, record
 
@@ -83,15 +81,3 @@ class ChatCooker:
             source=record.get("source") or {},
             task_name=record.get("task_name"),
         )
-
-
-#: Cookers by name (``EnergonLoaderConfig`` selects one).
-COOKERS: dict[str, type[ChatCooker]] = {"chat": ChatCooker}
-
-
-def get_cooker(name: str) -> type[ChatCooker]:
-    """The cooker class registered as ``name``."""
-    try:
-        return COOKERS[name]
-    except KeyError:
-        raise ValueError(f"unknown cooker {name!r}; valid cookers are {sorted(COOKERS)}") from None

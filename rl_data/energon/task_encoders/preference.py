@@ -82,7 +82,7 @@ class PreferenceTaskEncoder(BaseSFTTaskEncoder):
     """Tokenises preference pairs (see the module docstring); packing is refused."""
 
     COMPONENT_VERSION = 1
-    DEFAULT_COOKER = "preference"
+    DEFAULT_COOKER = PreferenceCooker
 
     def __init__(self, **options: Any) -> None:
         if options.get("packing_algorithm") is not None:

@@ -162,9 +162,7 @@ class VLMSFTTaskEncoder(BaseSFTTaskEncoder):
     """SFT over conversations with media; needs a :class:`MultimodalProcessor` (see module doc)."""
 
     COMPONENT_VERSION = 1
-    DEFAULT_COOKER = "multimodal_chat"
-    #: ``build_energon_sft_loader`` passes its ``processor`` to encoders that set this.
-    NEEDS_PROCESSOR = True
+    DEFAULT_COOKER = MultimodalChatCooker
 
     def __init__(self, *, processor: Any, **options: Any) -> None:
         super().__init__(**options)

@@ -1,0 +1,132 @@
+"""``Task``: one kind of training sample, from the stored JSON to batches, described in one place.
+
+A task owns:
+
+- its **stored-sample schema** (:class:`SampleSchema`): the ``kind`` written in every sample's
+  JSON, the fields that hold message lists (media are referenced in their order), the checks
+  preprocess runs on an adapted row (raising ``RowRejected`` with a reason code) and the
+  conversations whose token length preprocess measures. Tasks may share a schema (text and
+  VLM SFT both store ``"sft"`` samples);
+- its **cookers** (crude WebDataset sample -> typed sample, ``@stateless``) and its Energon
+  **task encoder** class;
+- a typed, frozen **encoder config** (:class:`TaskConfig` subclass, ``extra="forbid"``) for
+  the options only this task has; it is validated on the driver from
+  ``data_config["task"]`` and recorded whole in the loader identity (``task.config``);
+- :meth:`Task.batch_stats`, which the rank actors' metrics call instead of reading columns;
+- optionally the **demo data** the main job prepares for it (:class:`DemoData`).
+
+Preprocess, the loader builder, the rank actors, the metrics and the main job look tasks up in
+:mod:`rl_data.tasks` by name (or stored kind); nothing else lists tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+#: The project tokenizer (``LoaderSpec.processor_factory`` of text tasks).
+TOKENIZER_FACTORY = "rl_data.tokenization.tokenizer:load_qwen3_tokenizer"
+
+
+class TaskConfig(BaseModel):
+    """Base of every task's encoder config: frozen, unknown keys refused, plain JSON."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class SampleSchema:
+    """One stored sample kind (see :mod:`rl_data.energon.sample_format`)."""
+
+    #: Value of ``sample["kind"]``.
+    kind: str
+    #: Sample fields holding message lists, in the order their media are referenced.
+    message_lists: tuple[str, ...]
+    #: ``validate(sample, media)`` raises ``RowRejected`` for the first problem of an adapted
+    #: row; ``media`` allows image/video/audio content parts.
+    validate: Callable[[Mapping[str, Any], bool], None]
+    #: The conversations preprocess formats to measure a sample (the longest is its length).
+    conversations: Callable[[Mapping[str, Any]], list[list[dict[str, Any]]]]
+    #: Quarantine reason codes this schema adds (code -> meaning).
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DemoData:
+    """The raw data the main job writes and preprocesses for a task."""
+
+    description: str
+    #: ``(path, n)`` -> writes up to ``n`` raw rows as JSONL to ``path``; returns rows written.
+    write_raw_rows: Callable[[Path, int], int]
+    #: Preprocess adapter that reads those rows.
+    adapter: str
+    #: ``LoaderSpec.processor_factory``: the tokenizer, or a multimodal processor.
+    processor_factory: str = TOKENIZER_FACTORY
+
+
+@dataclass(frozen=True)
+class Task:
+    """One registered task (see the module docstring)."""
+
+    #: Registry name; ``data_config["energon"]["task_encoder"]`` selects it.
+    name: str
+    schema: SampleSchema
+    #: The Energon task encoder class; built by :meth:`build_encoder`.
+    encoder_class: type
+    #: Cookers by name (the first is the default); ``data_config["energon"]["cooker"]`` may
+    #: pick another. The encoder gets the cooker class as ``cooker=``.
+    cookers: Mapping[str, type]
+    #: The task's own encoder options (recorded whole in the loader identity).
+    config_class: type[TaskConfig] = TaskConfig
+    #: ``batch -> BatchStats`` for the rank metrics.
+    stats: Callable[[Any], Any] | None = None
+    supports_packing: bool = True
+    #: ``ProcessorAdapter`` flags this task fixes whatever ``data_config`` says (e.g. an RL
+    #: prompt is always rendered with the generation prompt and without EOS).
+    adapter_overrides: Mapping[str, Any] = field(default_factory=dict)
+    #: Preprocess adapters that write this task's samples; ``--task`` restricts schema
+    #: detection to them.
+    adapters: tuple[str, ...] = ()
+    #: The encoder needs the whole processor (media), not only its tokenizer.
+    needs_processor: bool = False
+    demo: DemoData | None = None
+
+    @property
+    def default_cooker(self) -> str:
+        """Name of the cooker used when none is configured."""
+        return next(iter(self.cookers))
+
+    def config(self, value: Any) -> TaskConfig:
+        """Validate ``data_config["task"]`` (a mapping, None or a config) as this task's config."""
+        from rl_data.energon.config import validate_block
+
+        return validate_block(self.config_class, {} if value is None else value, name=f"data_config['task'] (options of task {self.name!r})")
+
+    def cooker(self, name: str | None) -> type:
+        """The cooker class named ``name`` (None: the default)."""
+        name = name or self.default_cooker
+        if name not in self.cookers:
+            raise ValueError(f"task {self.name!r} has no cooker {name!r}; its cookers are {sorted(self.cookers)}")
+        return self.cookers[name]
+
+    def build_encoder(self, *, config: TaskConfig, processor: Any, cooker: str | None = None, **options: Any) -> Any:
+        """The task encoder: the common encoder ``options`` plus this task's ``config``.
+
+        The processor is passed only to encoders that need it; an encoder that does not pack
+        refuses packing options itself.
+        """
+        extra = {"processor": processor} if self.needs_processor else {}
+        fields = {name: getattr(config, name) for name in type(config).model_fields}
+        return self.encoder_class(**extra, **fields, cooker=self.cooker(cooker), **options)
+
+    def batch_stats(self, batch: Any) -> Any:
+        """Samples, real tokens and zero-loss samples of one batch (``BatchStats``)."""
+        if self.stats is not None:
+            return self.stats(batch)
+        from rl_data.distributed.metrics import batch_stats
+
+        return batch_stats(batch)
