@@ -99,11 +99,13 @@ def show_conversations(
 
 def _register_commands() -> None:
     from rl_data.jobs.command import train_sft_demo
+    from rl_data.jobs.grpo.command import grpo_demo
     from rl_data.preprocess.command import preprocess
 
     app.command("preprocess")(preprocess)
     app.command("demo")(train_sft_demo)
     app.command("run", help="Same as `demo`: the main job (pipelines/train_sft_demo.py).")(train_sft_demo)
+    app.command("grpo-demo")(grpo_demo)
 
 
 _register_commands()

@@ -25,22 +25,32 @@ class ClusterInfo:
 
 
 def local_cpus(config: TrainDemoConfig) -> int:
+    """CPU slots for a local cluster of the SFT main job (see :func:`local_cpus_for`)."""
+    return local_cpus_for(config.ranks * (RANK_CPUS + TRAINER_CPUS))
+
+
+def local_cpus_for(reserved_cpus: float) -> int:
     """CPU slots for a local cluster: the machine's cores, at least what the job reserves + headroom."""
-    needed = config.ranks * (RANK_CPUS + TRAINER_CPUS) + HEADROOM_CPUS
-    return max(os.cpu_count() or 1, math.ceil(needed))
+    return max(os.cpu_count() or 1, math.ceil(reserved_cpus + HEADROOM_CPUS))
 
 
 def connect(config: TrainDemoConfig) -> ClusterInfo:
+    """:func:`connect_to_ray` for the SFT main job (its rank and training actors)."""
+    return connect_to_ray(config.namespace, reserved_cpus=config.ranks * (RANK_CPUS + TRAINER_CPUS))
+
+
+def connect_to_ray(namespace: str, *, reserved_cpus: float) -> ClusterInfo:
     """Attach when already connected or ``$RAY_ADDRESS`` is set (inside ``ray job submit``);
-    otherwise start a private local Ray (``address="local"``) sized by :func:`local_cpus`."""
+    otherwise start a private local Ray (``address="local"``) with the machine's cores, at least
+    ``reserved_cpus`` + :data:`HEADROOM_CPUS`."""
     import ray
 
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", namespace=config.namespace)
+            ray.init(address="auto", namespace=namespace)
         else:
-            ray.init(address="local", num_cpus=local_cpus(config), namespace=config.namespace)
+            ray.init(address="local", num_cpus=local_cpus_for(reserved_cpus), namespace=namespace)
             started = True
     resources = ray.cluster_resources()
     return ClusterInfo(

@@ -1,0 +1,123 @@
+"""Blocking, timed clients of a running :class:`~rl_data.prompt_feed.feed.PromptFeed`.
+
+    from rl_data.prompt_feed.client import attach_feed
+
+    rollout, trainer = attach_feed("rl_prompt_feed", namespace="rl_data", address="auto", holder="worker-3")
+    prompts = rollout.take(8, wait_s=5.0)      # TakenPrompt(uid, key, payload = one DatumSpec row)
+    ...                                        # generate; on failure: rollout.release([p.uid])
+    trainer.ack([p.uid for p in trained])      # or trainer.drop(uids, "uniform_reward")
+    trainer.save_checkpoint("/ckpt/step_100/data")
+
+Every call waits at most ``timeout_s`` (``take`` also its ``wait_s``) and raises
+``ray.exceptions.GetTimeoutError`` past it. A ``take`` that timed out on the client side may
+still have handed out prompts (they stay outstanding, see :mod:`rl_data.prompt_feed.feed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+from rl_data.distributed.client import connect_driver
+from rl_data.distributed.config import DEFAULT_NAMESPACE
+
+
+class FeedNotFoundError(LookupError):
+    """No prompt feed actor with the given name lives in the given namespace."""
+
+
+class _FeedCalls:
+    def __init__(self, handle: Any, *, timeout_s: float = 600.0) -> None:
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def ack(self, uids: Sequence[Any]) -> None:
+        """Outstanding prompts were trained."""
+        self._get(self.handle.ack.remote(list(uids)))
+
+    def drop(self, uids: Sequence[Any], reason: str) -> None:
+        """Outstanding prompts were consumed without training (e.g. ``"uniform_reward"``)."""
+        self._get(self.handle.drop.remote(list(uids), reason))
+
+    def release(self, uids: Sequence[Any]) -> None:
+        """Give outstanding prompts back (generation failed, worker preempted): handed out again first."""
+        self._get(self.handle.release.remote(list(uids)))
+
+    def status(self) -> dict[str, Any]:
+        """The feed's counters, window and ranks (see ``PromptFeed.status``)."""
+        return self._get(self.handle.status.remote())
+
+    def _get(self, ref: Any, extra_s: float = 0.0) -> Any:
+        import ray
+
+        return ray.get(ref, timeout=self.timeout_s + extra_s)
+
+
+class RolloutClient(_FeedCalls):
+    """What a rollout worker calls: take prompts, give back the ones it could not finish.
+
+    ``holder`` (e.g. the worker's actor name) is recorded with every prompt it takes, so a
+    supervisor can release them all with :meth:`TrainerClient.release_holder` if it dies.
+    """
+
+    def __init__(self, handle: Any, *, timeout_s: float = 600.0, holder: Optional[str] = None) -> None:
+        super().__init__(handle, timeout_s=timeout_s)
+        self.holder = holder
+
+    def take(self, n: int, wait_s: Optional[float] = None) -> list[Any]:
+        """Up to ``n`` prompts; waits up to ``wait_s`` (feed default if None) for room in the window."""
+        return self._get(self.handle.take.remote(n, wait_s, self.holder), extra_s=wait_s or 0.0)
+
+
+
+class TrainerClient(_FeedCalls):
+    """What the trainer calls: resolve prompts and checkpoint the feed with the model."""
+
+    def release_holder(self, holder: str, keep: Sequence[Any] = ()) -> list[Any]:
+        """Release every outstanding prompt ``holder`` took (a dead or preempted worker) except the
+        ones in ``keep`` (their results already reached you); return the released uids."""
+        return self._get(self.handle.release_holder.remote(holder, list(keep)))
+
+    def save_checkpoint(self, directory: str) -> str:
+        """Write the feed's checkpoint to ``directory`` (on the feed's node); return the file."""
+        return self._get(self.handle.save_checkpoint.remote(directory))
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restore a fresh feed (before its first take) from ``directory``; return the ledger summary."""
+        return self._get(self.handle.load_checkpoint.remote(directory))
+
+
+class FeedClients(NamedTuple):
+    rollout: RolloutClient
+    trainer: TrainerClient
+
+
+def get_feed(name: str, namespace: str = DEFAULT_NAMESPACE) -> Any:
+    """The handle of the named feed (the driver must be connected to Ray)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "not connected to Ray: call ray.init(address=..., namespace=...) before get_feed, or use attach_feed"
+        )
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise FeedNotFoundError(
+            f"no prompt feed named {name!r} in Ray namespace {namespace!r}; start one with "
+            "rl_data.prompt_feed.feed.start_prompt_feed (RuntimeConfig.name/namespace must match) "
+            "and check that its job is still running"
+        ) from None
+
+
+def attach_feed(
+    name: str,
+    namespace: str = DEFAULT_NAMESPACE,
+    address: Optional[str] = None,
+    *,
+    timeout_s: float = 600.0,
+    holder: Optional[str] = None,
+) -> FeedClients:
+    """Connect to Ray if needed (``address``, else ``$RAY_ADDRESS``, else ``"auto"``) and return
+    a rollout client (taking as ``holder``) and a trainer client of the feed ``name`` in ``namespace``."""
+    connect_driver(address, namespace, f"prompt feed {name!r}")
+    handle = get_feed(name, namespace)
+    return FeedClients(RolloutClient(handle, timeout_s=timeout_s, holder=holder), TrainerClient(handle, timeout_s=timeout_s))

@@ -1,0 +1,373 @@
+"""``PromptLedger``: exactly once per prompt, while prompts finish in any order.
+
+The pure core of the async-RL prompt feed (no Ray, no I/O; the runtime drives it).
+
+* **Stream.** P >= 1 deterministic producers are merged in an order that ignores timing
+  (:mod:`rl_data.prompt_feed.merge`): round-robin over the producers whose pass is not over,
+  a producer whose pass ended sits out until every producer ended it. Epoch e is pass e of
+  every producer, and every prompt has ``uid = (epoch, position)`` in the epoch's merged
+  stream. Same data, same producers, same uids, always.
+* **Take.** ``take(n)`` hands out up to n prompts (uid, key, payload): released prompts
+  first, in uid order, then new ones in uid order. At most ``max_outstanding`` prompts are
+  outstanding (handed out, unresolved); ``take`` returns fewer when the window is full and
+  never blocks (the runtime offers a waiting mode on top).
+* **Resolve**, in any order, each outstanding uid once: ``ack`` (trained), ``drop(reason)``
+  (consumed without training, counted per reason, never handed out again this epoch) or
+  ``release`` (given back: handed out again before new prompts, same uid, same payload). A
+  uid that is not outstanding (resolved, released, not handed out, unknown, or of another
+  epoch) raises :class:`UidStateError` naming the uid, its state and what to do; a call is
+  all or nothing.
+* **Epochs overlap.** Epoch e+1 starts handing out as soon as every prompt of epoch e has
+  been *taken* (and no prompt of e is released and waiting); prompts of e may still be
+  outstanding, uids tell the epochs apart. ``summary()`` counts per epoch (taken, acked,
+  dropped by reason, released, handed out again, outstanding, waiting) and tells, for each
+  epoch whose end the stream reached, whether every prompt was resolved exactly once.
+* **Checkpoint.** ``state_dict()`` (plain JSON) holds the producers' states and merge cursor
+  at the *low-water mark* (the oldest uid not known resolved), the acked and dropped uids
+  above it, the first never-handed-out uid and the counters. ``load_state_dict`` (into a
+  ledger over freshly built producers, before its first ``take``) restores the producers
+  there; the next takes hand out again every prompt unresolved at checkpoint time
+  (outstanding, released, or not yet taken), in uid order, skip the resolved ones, then
+  continue exactly as the uninterrupted run. An epoch that ended on a take boundary does not
+  restart: the producers are saved after its last prompt, so they next end their pass.
+* **Bookkeeping.** For every producer call since the low-water mark the ledger keeps one
+  :class:`~rl_data.prompt_feed.merge.Pull` (the called producer's state and the cursor before
+  the call: only that producer changes, so the state of producer p at the low-water mark is
+  the one before its first call since then, or its current state; P states per prompt are
+  not needed), plus the state of each uid from the low-water mark on and the payloads of the
+  unresolved ones. All of it is dropped as the low-water mark passes it: memory is
+  O(outstanding window + out-of-order span), the span being the uids between the low-water
+  mark and the newest taken one (plus at most P pass ends per epoch inside the span). Per
+  epoch counters stay (a few ints per epoch).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
+
+OUTSTANDING, RELEASED, ACKED, DROPPED = "outstanding", "released", "acked", "dropped"
+
+
+class UidStateError(ValueError):
+    """An ack, drop or release of a uid that is not outstanding."""
+
+    def __init__(self, message: str, *, uid: Uid, state: str) -> None:
+        super().__init__(message)
+        self.uid, self.state = uid, state
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: Ray and pickle rebuild it whole
+        return _rebuild_uid_state_error, (str(self), tuple(self.uid), self.state)
+
+
+def _rebuild_uid_state_error(message: str, uid: tuple[int, int], state: str) -> UidStateError:
+    return UidStateError(message, uid=Uid(*uid), state=state)
+
+
+@dataclass(frozen=True, slots=True)
+class TakenPrompt:
+    """A prompt handed out by :meth:`PromptLedger.take`."""
+
+    uid: Uid
+    key: str
+    payload: Any
+
+
+@dataclass(slots=True)
+class EpochCounts:
+    """One epoch's accounting; ``size`` is known once its stream ended."""
+
+    size: int | None = None
+    taken: int = 0  # distinct prompts handed out
+    rehanded: int = 0  # hand-outs of a prompt handed out before (after release or restore)
+    released: int = 0
+    acked: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def resolved(self) -> int:
+        return self.acked + sum(self.dropped.values())
+
+
+class PromptLedger:
+    """Exactly-once bookkeeping of an async prompt feed (see module doc)."""
+
+    FORMAT = "rl_data.prompt_feed.ledger"
+    FORMAT_VERSION = 1
+    KEY_FORMAT, KEY_VERSION = "format", "format_version"
+    KEY_PRODUCERS, KEY_CURSOR = "producers", "cursor"
+    KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS = "acked", "dropped", "frontier", "epochs"
+    STATE_KEYS = (KEY_FORMAT, KEY_VERSION, KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
+
+    def __init__(self, producers: Sequence[Producer], *, max_outstanding: int) -> None:
+        if type(max_outstanding) is not int or max_outstanding < 1:
+            raise ValueError(f"max_outstanding must be a positive int, found {max_outstanding!r}")
+        self.max_outstanding = max_outstanding
+        self._stream = MergedStream(producers)
+        self._journal: deque[Pull] = deque()  # every producer call since the low-water mark
+        self._state: dict[Uid, str] = {}  # uids from the low-water mark on that were pulled or resolved
+        self._items: dict[Uid, Item] = {}  # unresolved pulled prompts
+        self._released: list[Uid] = []  # heap
+        self._outstanding = 0
+        self._frontier = Uid(0, 0)  # the first uid never handed out
+        self._epochs: dict[int, EpochCounts] = {}
+        self._started = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the newest prompt pulled (of the restore point before any)."""
+        return self._stream.cursor.epoch
+
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    @property
+    def low_water_mark(self) -> Uid:
+        """The oldest uid not known resolved: the checkpoint replays from here."""
+        if self._journal:
+            return self._journal[0].uid
+        return Uid(self._stream.cursor.epoch, self._stream.cursor.position)
+
+    def take(self, n: int) -> list[TakenPrompt]:
+        """Up to ``n`` prompts, fewer when the outstanding window is full; never blocks.
+
+        If a producer raises, the error propagates and the prompts this call already handed
+        out are released (they come first next time); the failed producer call is retried.
+        """
+        if type(n) is not int or n < 0:
+            raise ValueError(f"take(n) needs an int n >= 0, found {n!r}")
+        self._started = True
+        taken: list[TakenPrompt] = []
+        try:
+            for _ in range(min(n, self.max_outstanding - self._outstanding)):
+                uid = heapq.heappop(self._released) if self._released else self._pull_unresolved()
+                taken.append(self._hand_out(uid))
+        except BaseException:
+            self._give_back([t.uid for t in taken])
+            raise
+        self._trim()
+        return taken
+
+    def ack(self, uids: Iterable[Any]) -> None:
+        """Outstanding prompts were trained."""
+        for uid in self._outstanding_uids(uids, "ack"):
+            self._resolve(uid, ACKED)
+            self._counts(uid.epoch).acked += 1
+        self._trim()
+
+    def drop(self, uids: Iterable[Any], reason: str) -> None:
+        """Outstanding prompts were consumed without training (counted under ``reason``)."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"drop needs a non-empty reason string, found {reason!r}")
+        for uid in self._outstanding_uids(uids, "drop"):
+            self._resolve(uid, DROPPED)
+            dropped = self._counts(uid.epoch).dropped
+            dropped[reason] = dropped.get(reason, 0) + 1
+        self._trim()
+
+    def release(self, uids: Iterable[Any]) -> None:
+        """Give outstanding prompts back: handed out again, before new ones, in uid order."""
+        self._give_back(self._outstanding_uids(uids, "release"))
+
+    def summary(self) -> dict[str, Any]:
+        """Counters overall and per epoch.
+
+        ``waiting``: taken, unresolved and not outstanding (released, or back after a restore).
+        An epoch's ``size`` (and ``resolved_exactly_once``) is None until its stream ended,
+        which the ledger sees when the first prompt of the next epoch is taken.
+        """
+        outstanding: dict[int, int] = {}
+        for uid, state in self._state.items():
+            if state == OUTSTANDING:
+                outstanding[uid.epoch] = outstanding.get(uid.epoch, 0) + 1
+        epochs, dropped = [], {}
+        for epoch, counts in sorted(self._epochs.items()):
+            live = outstanding.get(epoch, 0)
+            for reason, count in counts.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + count
+            epochs.append({
+                "epoch": epoch, "size": counts.size, "taken": counts.taken, "rehanded": counts.rehanded,
+                "released": counts.released, "acked": counts.acked, "dropped": dict(counts.dropped),
+                "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
+                "resolved_exactly_once": None if counts.size is None else counts.resolved() == counts.size,
+            })  # fmt: skip
+        return {
+            "epoch": self.epoch, "low_water_mark": list(self.low_water_mark), "outstanding": self._outstanding,
+            "released_waiting": len(self._released), "dropped": dropped, "epochs": epochs,
+            "bookkeeping": {"pulls": len(self._journal), "uids": len(self._state)},
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint: the position at the low-water mark plus what was resolved above it."""
+        states, cursor = self._stream.position_before(self._journal)
+        resolved = sorted(self._state.items())
+        return {
+            self.KEY_FORMAT: self.FORMAT,
+            self.KEY_VERSION: self.FORMAT_VERSION,
+            self.KEY_PRODUCERS: states,
+            self.KEY_CURSOR: cursor.to_json(),
+            self.KEY_ACKED: [list(uid) for uid, state in resolved if state == ACKED],
+            self.KEY_DROPPED: [list(uid) for uid, state in resolved if state == DROPPED],
+            self.KEY_FRONTIER: list(self._frontier),
+            self.KEY_EPOCHS: [
+                {"epoch": e, "size": c.size, "taken": c.taken, "rehanded": c.rehanded, "released": c.released,
+                 "acked": c.acked, "dropped": dict(c.dropped)}
+                for e, c in sorted(self._epochs.items())
+            ],  # fmt: skip
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint (and the producers) before the first ``take``; all or nothing."""
+        if self._started:
+            raise ValueError(
+                "cannot restore a ledger that already handed out prompts; build a new ledger over "
+                "freshly built producers and load the checkpoint there"
+            )
+        producers, cursor, acked, dropped, frontier, epochs = self._checked_state(state)
+        self._stream.restore(producers, cursor)
+        self._state = {uid: ACKED for uid in acked} | {uid: DROPPED for uid in dropped}
+        self._frontier, self._epochs = frontier, epochs
+
+    def _pull_unresolved(self) -> Uid:
+        while True:
+            pull, item = self._stream.pull()
+            self._journal.append(pull)
+            if pull.epoch_size is not None:
+                self._end_epoch(pull.cursor_before.epoch, pull.epoch_size)
+            if pull.uid is not None and self._state.get(pull.uid) not in (ACKED, DROPPED):
+                self._items[pull.uid] = item
+                return pull.uid
+
+    def _hand_out(self, uid: Uid) -> TakenPrompt:
+        counts = self._counts(uid.epoch)
+        if uid >= self._frontier:
+            counts.taken += 1
+            self._frontier = Uid(uid.epoch, uid.position + 1)
+        else:
+            counts.rehanded += 1
+        self._state[uid] = OUTSTANDING
+        self._outstanding += 1
+        item = self._items[uid]
+        return TakenPrompt(uid, item.key, item.payload)
+
+    def _resolve(self, uid: Uid, state: str) -> None:
+        self._state[uid] = state
+        self._outstanding -= 1
+        del self._items[uid]
+
+    def _give_back(self, uids: list[Uid]) -> None:
+        for uid in uids:
+            self._state[uid] = RELEASED
+            self._outstanding -= 1
+            heapq.heappush(self._released, uid)
+            self._counts(uid.epoch).released += 1
+
+    def _trim(self) -> None:
+        """Forget the pulls and uids below the (new) low-water mark."""
+        while self._journal:
+            uid = self._journal[0].uid
+            if uid is not None:
+                if self._state[uid] not in (ACKED, DROPPED):
+                    return
+                del self._state[uid]
+            self._journal.popleft()
+
+    def _end_epoch(self, epoch: int, size: int) -> None:
+        counts = self._counts(epoch)
+        if counts.size is not None and counts.size != size:
+            raise ValueError(
+                f"epoch {epoch} had {counts.size} prompts when the checkpoint was saved and has {size} "
+                "after the restore; expected the same: the producers are not deterministic or not "
+                "built over the same data"
+            )
+        counts.size = size
+
+    def _counts(self, epoch: int) -> EpochCounts:
+        return self._epochs.setdefault(epoch, EpochCounts())
+
+    def _outstanding_uids(self, uids: Iterable[Any], action: str) -> list[Uid]:
+        """``uids`` as :class:`Uid`, after checking that each is outstanding and named once."""
+        checked: dict[Uid, None] = {}  # ordered, O(1) membership
+        for raw in uids:
+            if not isinstance(raw, (tuple, list)) or len(raw) != 2 or any(type(v) is not int for v in raw):
+                raise ValueError(f"cannot {action} {raw!r}: a uid is an (epoch, position) pair of ints")
+            uid = Uid(*raw)
+            state, fix = ("named twice in this call", "name each uid once") if uid in checked else self._describe(uid)
+            if state != OUTSTANDING:
+                raise UidStateError(
+                    f"cannot {action} uid {tuple(uid)} (the feed is in epoch {self.epoch}): it is {state}; "
+                    f"expected an outstanding uid (handed out by take, not yet resolved or released); {fix}",
+                    uid=uid,
+                    state=state,
+                )
+            checked[uid] = None
+        return list(checked)
+
+    def _describe(self, uid: Uid) -> tuple[str, str]:
+        """A uid's state and what to do about it."""
+        resolved_fix = "a prompt is acked or dropped exactly once: resolve only the uids you hold"
+        if uid.epoch < 0 or uid.position < 0:
+            return "unknown (negative)", "use the uids returned by take"
+        size = self._epochs[uid.epoch].size if uid.epoch in self._epochs else None
+        if size is not None and uid.position >= size:
+            return f"unknown (epoch {uid.epoch} has {size} prompts)", "use the uids returned by take"
+        state = self._state.get(uid)
+        if state == OUTSTANDING:
+            return state, ""
+        if state == RELEASED:
+            return "released (waiting to be handed out again)", "take it again before resolving it"
+        if state is not None or uid < self.low_water_mark:
+            return f"already resolved ({state or 'acked or dropped'})", resolved_fix
+        if uid >= self._frontier:
+            return "not handed out yet", "use the uids returned by take"
+        return "not handed out since the restore", "take it again: a restore hands out every unresolved prompt again"
+
+    def _checked_state(self, state: Any) -> tuple[list[Any], Cursor, list[Uid], list[Uid], Uid, dict[int, EpochCounts]]:
+        if not isinstance(state, dict) or state.get(self.KEY_FORMAT) != self.FORMAT:
+            found = state.get(self.KEY_FORMAT) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a prompt ledger checkpoint: format {found!r}, expected {self.FORMAT!r}")
+        if state.get(self.KEY_VERSION) != self.FORMAT_VERSION:
+            raise ValueError(
+                f"prompt ledger checkpoint format version {state.get(self.KEY_VERSION)!r}, expected "
+                f"{self.FORMAT_VERSION}; restore it with the rl_data version that saved it"
+            )
+        if set(state) != set(self.STATE_KEYS):
+            raise ValueError(f"prompt ledger checkpoint keys {sorted(state)}, expected {sorted(self.STATE_KEYS)}")
+        count = len(self._stream.producers)
+        producers = state[self.KEY_PRODUCERS]
+        if not isinstance(producers, list) or len(producers) != count:
+            found = len(producers) if isinstance(producers, list) else type(producers).__name__
+            raise ValueError(
+                f"prompt ledger checkpoint holds {found} producer states, this ledger has {count} "
+                "producers; restore with the producers the checkpoint was saved with"
+            )
+        cursor = Cursor.from_json(state[self.KEY_CURSOR], producers=count)
+        acked, dropped, frontier = (
+            [_uid(v) for v in state[self.KEY_ACKED]],
+            [_uid(v) for v in state[self.KEY_DROPPED]],
+            _uid(state[self.KEY_FRONTIER]),
+        )
+        epochs = {}
+        for entry in state[self.KEY_EPOCHS]:
+            try:
+                values = dict(entry)
+                epoch = values.pop("epoch")
+                epochs[epoch] = EpochCounts(**values)
+            except (TypeError, ValueError, KeyError):
+                fields = ["epoch", *EpochCounts.__dataclass_fields__]
+                raise ValueError(
+                    f"prompt ledger checkpoint holds epoch counts {entry!r}, expected a mapping with keys "
+                    f"{fields}; it was not saved by this rl_data version"
+                ) from None
+        return producers, cursor, acked, dropped, frontier, epochs
+
+
+def _uid(value: Any) -> Uid:
+    if not isinstance(value, list) or len(value) != 2 or any(type(v) is not int or v < 0 for v in value):
+        raise ValueError(f"prompt ledger checkpoint holds {value!r} as a uid, expected [epoch, position]")
+    return Uid(*value)
