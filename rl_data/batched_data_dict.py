@@ -207,6 +207,21 @@ class SlicedDataDict(BatchedDataDict):
     """A BatchedDataDict cut from a larger one (by slice, chunk and shard_by_batch_size)."""
 
 
+class PooledList(list):
+    """A list whose tensors pickle as a BatchedDataDict's do (pooled, one buffer per dtype).
+
+    For many small tensors inside arbitrary items (e.g. the prompts a feed hands out, each with
+    a message log): pickled one by one, each costs ~0.2 ms. Unpickles as a plain ``list``.
+    """
+
+    def __reduce__(self):
+        return _rebuild_pooled_list, (_encode_batched_data_dict({"items": list(self)}),)
+
+
+def _rebuild_pooled_list(encoded: "_Encoded") -> list:
+    return _rebuild_batched_data_dict(BatchedDataDict, encoded)["items"]
+
+
 def _num_rows(key: str, value: Any) -> int:
     if isinstance(value, torch.Tensor):
         if value.ndim == 0:

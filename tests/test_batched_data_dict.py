@@ -564,3 +564,18 @@ def test_ray_object_store_round_trip_is_exact_and_zero_copy(ray_session):
     sums, dtype, name = ray.get(row_sums.remote(ref), timeout=60)
     assert torch.equal(sums, batch["big"].sum(dim=1)) and dtype == torch.bfloat16
     assert name == "BatchedDataDict"
+
+
+def test_pooled_list_pickles_its_tensors_in_one_buffer_per_dtype_and_unpickles_as_a_list():
+    from rl_data.batched_data_dict import PooledList
+
+    items = [{"uid": (0, i), "log": [{"role": "user", "token_ids": torch.arange(i, i + 5)}], "mask": torch.ones(3)}
+             for i in range(20)]  # fmt: skip
+    buffers = []
+    data = pickle.dumps(PooledList(items), protocol=5, buffer_callback=buffers.append)
+    back = pickle.loads(data, buffers=buffers)
+    assert type(back) is list and len(back) == 20
+    for got, want in zip(back, items):
+        assert got["uid"] == want["uid"] and torch.equal(got["log"][0]["token_ids"], want["log"][0]["token_ids"])
+        assert got["log"][0]["token_ids"].dtype == torch.long and torch.equal(got["mask"], want["mask"])
+    assert len(buffers) == 2  # int64 and float32 pools, not 40 tensors

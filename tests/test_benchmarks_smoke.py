@@ -88,3 +88,29 @@ def test_each_contender_keeps_its_fastest_round_and_every_rate():
     _keep_best(kept, "a", {"non_pad_tokens_per_s": 7.0, "second": True})
     _keep_best(kept, "a", {"non_pad_tokens_per_s": 6.0, "third": True})
     assert kept["a"] == {"non_pad_tokens_per_s": 7.0, "second": True, "rounds_non_pad_tokens_per_s": [None, 5.0, 7.0, 6.0]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_prompt_feed_benchmark_writes_its_report_and_the_feed_loses_nothing(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.prompt_feed", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "prompt_feed.json").read_text())
+    assert [row["callers"] for row in results["throughput"]] == [1, 4]
+    for row in results["throughput"]:
+        for side in ("feed", "loader"):
+            assert row[side]["prompts"] >= 128 and row[side]["prompts_per_s"] > 0
+    checkpoint = results["checkpoint"]
+    assert checkpoint["outstanding"] == 300 and checkpoint["feed_rehanded_same_uids_in_order"] is True
+    chaos = results["chaos"]
+    assert chaos["feed"]["counts"]["crashes"] == 2
+    assert (chaos["feed"]["missing"], chaos["feed"]["duplicated"]) == (0, 0)
+    for name in ("loader_latest", "loader_oldest"):  # what they lose or repeat is measured, not asserted
+        assert chaos[name]["counts"]["crashes"] == 2 and len(chaos[name]["epochs"]) == 2
+    markdown = (tmp_path / "prompt_feed.md").read_text()
+    for heading in ("## Throughput", "## Checkpoint with 300 outstanding prompts", "## Accounting under chaos"):
+        assert heading in markdown

@@ -53,6 +53,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field
 from ray.exceptions import RayActorError
 
+from rl_data.batched_data_dict import PooledList
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError, refuse_if_restore_failed
@@ -203,7 +204,7 @@ class PromptFeed:
                     pass  # the lock is held again: take what fits
             self._refuse_if_restore_failed("take")
             self._taking = True
-            taken = await self._in_thread(self._ledger.take, n)
+            taken = PooledList(await self._in_thread(self._ledger.take, n))
             now = time.monotonic()
             for prompt in taken:
                 self._handed_at[prompt.uid] = now

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 LATENCY_SPREAD = 6.0
 
 
-def _unit(*parts: object) -> float:
+def hashed_unit(*parts: object) -> float:
     """A number in [0, 1) that depends only on ``parts``."""
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
@@ -37,12 +37,12 @@ class StandInPolicy:
     latency_s: float = 0.01
 
     def correct_probability(self, key: str) -> float:
-        return _unit(self.seed, "p", key)
+        return hashed_unit(self.seed, "p", key)
 
     def rollout_latency_s(self, key: str, index: int) -> float:
         """How long rollout ``index`` of prompt ``key`` takes (the prompt's scale x up to 2x)."""
-        scale = 1.0 + (LATENCY_SPREAD - 1.0) * _unit(self.seed, "slow", key)
-        return self.latency_s * scale * (1.0 + _unit(self.seed, "jitter", key, index))
+        scale = 1.0 + (LATENCY_SPREAD - 1.0) * hashed_unit(self.seed, "slow", key)
+        return self.latency_s * scale * (1.0 + hashed_unit(self.seed, "jitter", key, index))
 
     def group_latency_s(self, key: str) -> float:
         """The group finishes with its longest rollout."""
@@ -53,8 +53,8 @@ class StandInPolicy:
         p = self.correct_probability(key)
         out = []
         for index in range(self.group_size):
-            right = _unit(self.seed, "right", key, index) < p
-            answer = ground_truth if right else _wrong_answer(ground_truth, 1 + int(5 * _unit(self.seed, "off", key, index)))
+            right = hashed_unit(self.seed, "right", key, index) < p
+            answer = ground_truth if right else _wrong_answer(ground_truth, 1 + int(5 * hashed_unit(self.seed, "off", key, index)))
             out.append(f"Let me work it out step by step (rollout {index}).\n#### {answer}")
         return out
 
