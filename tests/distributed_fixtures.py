@@ -73,6 +73,16 @@ def reference_stream(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, st
     return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]
 
 
+def merged_by_dp(reference: list[list[list[str]]], dp: int) -> list[list[list[str]]]:
+    """``[step][dp rank] -> source ids`` of a per-shard reference, merged as the coordinator merges."""
+    from rl_data.distributed.shard_map import shard_assignment
+
+    return [
+        [[i for s in shards for i in step[s]] for shards in shard_assignment(len(step), dp)]
+        for step in reference
+    ]
+
+
 @contextlib.contextmanager
 def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwargs: Any) -> Iterator[Any]:
     """A started coordinator that is shut down and killed (with its rank actors) afterwards."""

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from distributed_fixtures import TIMEOUT_S, consume, running_coordinator, runtime_config, train_spec
 from rl_data.cli import app
-from rl_data.distributed.config import ParallelLayout
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 from rl_data.fingerprint import fingerprint as identity_fingerprint
 from rl_data.jobs.inspect_checkpoint import write_job_config
@@ -42,18 +41,19 @@ def test_inspect_checkpoint_prints_step_ranks_fingerprints_and_identity(checkpoi
     result = invoke("inspect-checkpoint", str(directory))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[:8] == [
+    assert lines[:9] == [
         f"checkpoint: {directory / 'rl_data_state.pt'}",
         "format: rl_data.distributed.coordinator v1",
         "step: 2",
         "ranks: 2",
         f"placement fingerprint: {fingerprint}",
         "placement layout: " + json.dumps(config_layout(config), sort_keys=True),
+        'consumer layout when saved: {"cp": 1, "dp": 2, "pp": 1, "tp": 1} (restores at any dp dividing 2)',
         f"rank 0: identity fingerprint {identity_fingerprint(content['ranks'][0]['identity'])} (logical rank 0 of 2)",
         f"rank 1: identity fingerprint {identity_fingerprint(content['ranks'][1]['identity'])} (logical rank 1 of 2)",
     ]
-    assert lines[8] == "identity (rank 0):"
-    assert json.loads("\n".join(lines[9:])) == content["ranks"][0]["identity"]
+    assert lines[9] == "identity (rank 0):"
+    assert json.loads("\n".join(lines[10:])) == content["ranks"][0]["identity"]
     assert invoke("inspect-checkpoint", str(directory / "rl_data_state.pt")).output == result.output
 
 
@@ -69,23 +69,36 @@ def test_inspect_checkpoint_against_the_same_config_would_restore(checkpoint):
 def test_inspect_checkpoint_against_another_config_lists_the_refusing_differences(checkpoint, tmp_path):
     directory, job_file, config, spec = checkpoint
     changed = json.loads(job_file.read_text())
-    changed["runtime"]["parallel_layout"]["tp"] = 2
+    changed["runtime"]["bundle_resources"] = {"CPU": 0.5}
+    changed["runtime"]["rank_actor_num_cpus"] = 0.5
     changed["loader"]["batch_size"] = 3
     against = tmp_path / "changed.yaml"
     against.write_text(yaml.safe_dump(changed))
     old = placement_fingerprint(config_layout(config))
-    new = placement_fingerprint(config_layout(config.model_copy(update={"parallel_layout": ParallelLayout(dp=2, tp=2)})))
+    new = placement_fingerprint(config_layout(config.model_copy(update={"bundle_resources": {"CPU": 0.5}})))
 
     result = invoke("inspect-checkpoint", str(directory), "--against", str(against))
     assert result.exit_code == 1, result.output
     assert result.output.splitlines()[-6:] == [
         f"against {against}: would be REFUSED (5 differences, saved -> configured):",
-        "  placement layout: parallel_layout.tp 1 -> 2",
+        "  placement layout: bundles [{'CPU': 0.25}, {'CPU': 0.25}] -> [{'CPU': 0.5}, {'CPU': 0.5}]",
         "  rank 0 identity: batch_size 2 -> 3",
         f"  rank 0 identity: topology.placement '{old}' -> '{new}'",
         "  rank 1 identity: batch_size 2 -> 3",
         f"  rank 1 identity: topology.placement '{old}' -> '{new}'",
     ]
+
+
+def test_inspect_checkpoint_against_another_dp_size_and_tp_would_restore(checkpoint, tmp_path):
+    directory, job_file, _, _ = checkpoint
+    changed = json.loads(job_file.read_text())
+    changed["runtime"]["parallel_layout"] = {"dp": 1, "tp": 2, "pp": 1, "cp": 1}
+    changed["runtime"]["logical_world_size"] = 2  # the 2 logical shards of the checkpoint, now fed to 1 DP rank
+    against = tmp_path / "elastic.json"
+    against.write_text(json.dumps(changed))
+    result = invoke("inspect-checkpoint", str(directory), "--against", str(against))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1].endswith("would restore (placement layout and all 2 rank identities match)")
 
 
 def test_inspect_checkpoint_of_a_missing_directory_fails_with_the_path(tmp_path):

@@ -111,16 +111,15 @@ def test_a_second_restore_before_any_step_replaces_the_first(ray_session, energo
             ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
 
 
-def test_checkpoint_of_another_world_size_and_parallel_layout_is_refused(ray_session, energon_dataset, tokenizer, saved_checkpoint):
+def test_checkpoint_of_another_number_of_logical_shards_is_refused_naming_what_restores(ray_session, energon_dataset, tokenizer, saved_checkpoint):
     ray = ray_session
     spec = train_spec(energon_dataset)
     config = runtime_config(1, 1, parallel_layout=ParallelLayout(dp=1, tp=2))
     with running_coordinator(ray, config, spec) as coordinator:
         expected = (
             "Placement layout changed: bundles [{'CPU': 0.25}, {'CPU': 0.25}] -> [{'CPU': 0.25}]; "
-            "logical_world_size 2 -> 1; parallel_layout.dp 2 -> 1; parallel_layout.tp 1 -> 2; "
-            "restore with the layout (world size, bundles, strategy, parallel sizes) the "
-            "checkpoint was saved with"
+            "logical_world_size 2 -> 1; the checkpoint holds 2 logical data shards: restore with "
+            "logical_world_size=2, the same bundles and strategy; parallel_layout.dp may be any of [1, 2]"
         )
         with pytest.raises(ValueError) as caught:
             ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S)

@@ -12,6 +12,7 @@ from rl_data.distributed.config import ParallelLayout, RuntimeConfig
 from rl_data.distributed.placement import (
     adopt_placement_group,
     config_layout,
+    consumer_layout,
     create_rank_placement,
     placement_fingerprint,
     placement_layout,
@@ -19,18 +20,17 @@ from rl_data.distributed.placement import (
 
 
 def _layout(**overrides):
-    args = dict(world_size=2, bundles=[{"CPU": 1}, {"CPU": 1}], strategy="PACK", parallel_layout={"dp": 2, "tp": 1, "pp": 1, "cp": 1})
+    args = dict(world_size=2, bundles=[{"CPU": 1}, {"CPU": 1}], strategy="PACK")
     args.update(overrides)
     return placement_layout(**args)
 
 
 def test_layout_is_plain_canonical_json():
     assert _layout() == {
-        "version": 1,
+        "version": 2,
         "logical_world_size": 2,
         "bundles": [{"CPU": 1.0}, {"CPU": 1.0}],
         "strategy": "PACK",
-        "parallel_layout": {"cp": 1, "dp": 2, "pp": 1, "tp": 1},
     }
     expected = hashlib.sha256(json.dumps(_layout(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert placement_fingerprint(_layout()) == expected
@@ -40,12 +40,10 @@ def test_fingerprint_is_stable_and_changes_with_every_layout_field():
     base = placement_fingerprint(_layout())
     assert placement_fingerprint(_layout(bundles=[{"CPU": 1.0}, {"CPU": 1}])) == base  # int/float alike
     variants = [
-        _layout(world_size=3, bundles=[{"CPU": 1}] * 3, parallel_layout={"dp": 3}),
+        _layout(world_size=3, bundles=[{"CPU": 1}] * 3),
         _layout(bundles=[{"CPU": 1}, {"CPU": 2}]),
         _layout(bundles=[{"CPU": 1, "GPU": 1}, {"CPU": 1}]),
         _layout(strategy="SPREAD"),
-        _layout(parallel_layout={"dp": 2, "tp": 2, "pp": 1, "cp": 1}),
-        _layout(parallel_layout={"dp": 2, "tp": 1, "pp": 1, "cp": 2}),
     ]
     fingerprints = {placement_fingerprint(v) for v in variants}
     assert len(fingerprints) == len(variants) and base not in fingerprints
@@ -56,14 +54,24 @@ def test_layout_needs_one_bundle_per_rank():
         _layout(bundles=[{"CPU": 1}])
 
 
-def test_config_layout_uses_the_config():
+def test_config_layout_uses_the_config_and_leaves_the_consumer_layout_out():
     config = RuntimeConfig(parallel_layout=ParallelLayout(dp=2, tp=4), bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5, strategy="SPREAD")
-    assert config_layout(config) == _layout(bundles=[{"CPU": 0.5}] * 2, strategy="SPREAD", parallel_layout={"dp": 2, "tp": 4, "pp": 1, "cp": 1})
+    assert config_layout(config) == _layout(bundles=[{"CPU": 0.5}] * 2, strategy="SPREAD")
+    assert consumer_layout(config) == {"cp": 1, "dp": 2, "pp": 1, "tp": 4}
+    # the same 8 shards fed to 1, 2, 4 or 8 DP ranks (any TP/PP/CP): one data layout, one fingerprint
+    layouts = {
+        placement_fingerprint(config_layout(RuntimeConfig(parallel_layout=ParallelLayout(dp=dp, tp=tp), logical_world_size=8)))
+        for dp in (1, 2, 4, 8) for tp in (1, 2)
+    }  # fmt: skip
+    assert len(layouts) == 1
 
 
 def test_config_refuses_inconsistent_values():
-    with pytest.raises(ValidationError, match=r"logical_world_size=4 but parallel_layout.dp=2"):
-        RuntimeConfig(parallel_layout=ParallelLayout(dp=2), logical_world_size=4)
+    with pytest.raises(ValidationError, match=r"parallel_layout.dp=3 does not divide the 4 logical data shards .* one of \[1, 2, 4\]"):
+        RuntimeConfig(parallel_layout=ParallelLayout(dp=3), logical_world_size=4)
+    with pytest.raises(ValidationError, match=r"parallel_layout.dp=4 does not divide the 2 logical data shards"):
+        RuntimeConfig(parallel_layout=ParallelLayout(dp=4), logical_world_size=2)
+    assert RuntimeConfig(parallel_layout=ParallelLayout(dp=2), logical_world_size=8).world_size == 8
     with pytest.raises(ValidationError, match=r"rank_actor_num_cpus=2.0 does not fit in a bundle with CPU=1.0"):
         RuntimeConfig(parallel_layout=ParallelLayout(dp=1), rank_actor_num_cpus=2)
     with pytest.raises(ValidationError, match=r"injected_delay_s names ranks \[2\] outside \[0, 2\)"):
@@ -105,7 +113,7 @@ def test_adopted_placement_group_fingerprints_the_ranks_bundles(ray_session):
         ray.get(group.ready(), timeout=30)
         placement = adopt_placement_group(group, [2, 1], config)
         assert placement.bundle_of_rank == (2, 1) and not placement.owns_placement_group
-        assert placement.layout == _layout(bundles=[{"CPU": 0.5}, {"CPU": 0.25}], strategy="SPREAD", parallel_layout={"dp": 2, "tp": 1, "pp": 1, "cp": 1})
+        assert placement.layout == _layout(bundles=[{"CPU": 0.5}, {"CPU": 0.25}], strategy="SPREAD")
         placement.release()  # never removes a user's group
         assert ray.get(group.ready(), timeout=30)
         with pytest.raises(ValueError, match=r"bundle_of_rank has 1 entries for logical world size 2"):

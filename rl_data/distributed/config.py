@@ -37,9 +37,12 @@ class ParallelLayout(_Strict):
 class RuntimeConfig(_Strict):
     """How the rank actors and the coordinator run.
 
-    ``logical_world_size`` is the number of logical data shards G (one rank actor each). Today
-    it must equal ``parallel_layout.dp``; the coordinator owns the shard -> DP-rank mapping so
-    that G and DP can be decoupled later without changing rank actors or loader identities.
+    Two layouts, kept apart. The *data* layout: ``logical_world_size`` is the number of logical
+    data shards G (one rank actor and one loader each, default ``parallel_layout.dp``), with
+    their bundles and strategy; it is part of every loader identity, and a checkpoint restores
+    only with the same G. The *consumer* layout, ``parallel_layout`` (DP, TP, PP, CP), may change
+    between a save and a restore: DP rank d receives the merged batches of shards d, d+D, ...
+    (:mod:`rl_data.distributed.shard_map`), so ``dp`` must divide G.
     """
 
     parallel_layout: ParallelLayout
@@ -60,13 +63,10 @@ class RuntimeConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RuntimeConfig":
+        from rl_data.distributed.shard_map import check_shard_layout
+
         world = self.world_size
-        if world != self.parallel_layout.dp:
-            raise ValueError(
-                f"logical_world_size={world} but parallel_layout.dp={self.parallel_layout.dp}; "
-                "one logical data shard per DP rank is supported today: leave "
-                "logical_world_size unset or set it to dp"
-            )
+        check_shard_layout(world, self.parallel_layout.dp)
         if not self.bundle_resources or any(v <= 0 for v in self.bundle_resources.values()):
             raise ValueError(
                 f"bundle_resources={self.bundle_resources} must name at least one resource and "

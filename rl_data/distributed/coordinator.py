@@ -33,8 +33,15 @@ Exactly once, step by step:
 * The placement group is named after the coordinator; a new coordinator of the same name
   removes a group left behind by a coordinator that died without ``shutdown``.
 
-Elastic resume (later): ``next_step`` returns one ref per logical shard; today shard r is the
-batch of DP rank r. The shard -> DP-rank mapping belongs here, not in rank actors or loaders.
+Elastic resume: the coordinator runs G logical shards (``RuntimeConfig.world_size``, one
+rank actor each) and hands out one ref per DP rank (``parallel_layout.dp`` = D, dividing G):
+DP rank d gets the batches of shards d, d+D, d+2D, ... merged in that order
+(:mod:`rl_data.distributed.shard_map`, :mod:`rl_data.distributed.shard_merge`: lists
+concatenated, padded columns re-padded as the task pads them). With D = G the shard refs are
+handed out as they are; otherwise one small Ray task per DP rank merges them, so batches still
+go through the object store and never through the coordinator. The checkpoint holds one state
+per shard and the consumer layout it was saved with; it restores at any D dividing the same G,
+and the global batch of every step is the same set of samples at every D.
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ from ray.exceptions import RayActorError, RayTaskError
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.metrics import CoordinatorMetrics
+from rl_data.distributed.shard_map import shard_assignment
 from rl_data.distributed.placement import (
     RankPlacement,
     adopt_placement_group,
+    consumer_layout,
     create_rank_placement,
     remove_leftover_placement_group,
 )
@@ -128,6 +137,9 @@ class DataCoordinator:
         self._recoveries: dict[int, _Recovery] = {}  # rank -> its replacement, until caught up
         self._producing = False  # next_step produced (or tried to) since creation or the last restore
         self._restore_failure: Optional[str] = None
+        self._dp = config.parallel_layout.dp
+        self._merge_spec: Optional[dict[str, Any]] = None  # from rank 0, when DP ranks merge shards
+        self._dp_refs: dict[int, tuple[tuple[Any, ...], list[Any]]] = {}  # step -> (shard refs, DP refs)
 
     async def ready(self) -> dict[str, Any]:
         """Wait for the placement group and every rank's loader; return :meth:`status`."""
@@ -145,11 +157,13 @@ class DataCoordinator:
         states = await asyncio.gather(
             *(self._await(a.state_dict.remote(), timeout, r, "building its loader") for r, a in enumerate(self._ranks))
         )
+        if self._dp < len(self._ranks) and self._merge_spec is None:
+            self._merge_spec = await self._await(self._ranks[0].merge_spec.remote(), timeout, 0, "describing its batches")
         if not self._committed_states:  # a concurrent call may have finished first
             self._committed_states = list(states)
 
     async def next_step(self, commit: Optional[int] = None, expected_step: Optional[int] = None) -> tuple[int, list[Any]]:
-        """Step k and one batch ref per logical rank (refs are handed out, data is never fetched).
+        """Step k and one batch ref per DP rank (refs are handed out, data is never fetched).
 
         ``commit``: first :meth:`commit` that step, so a trainer needs one round trip per
         step: ``next_step(commit=k)`` once step k is trained. ``expected_step``: the step the
@@ -175,8 +189,9 @@ class DataCoordinator:
             self._next_calls.clear()
             self._pending[step] = ([ref for ref, _ in results], [state for _, state in results])
             self._handed_step = step
+            refs = self._hand_out(step)
             self._metrics.record_step(time.monotonic() - started)
-            return step, [ref for ref, _ in results]
+            return step, refs
 
     async def redeliver(self, step: int) -> list[Any]:
         """Fresh refs of pending ``step`` (handed out, not committed), e.g. after a fetch failed.
@@ -214,6 +229,7 @@ class DataCoordinator:
             self._committed_states = list(self._pending[step][1])
             for done in range(self._committed_step + 1, step + 1):
                 del self._pending[done]
+                self._dp_refs.pop(done, None)
             self._committed_step = step
             self._metrics.record_committed(step)
 
@@ -226,6 +242,7 @@ class DataCoordinator:
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "step": self._committed_step,
             "placement": {"fingerprint": self._placement.fingerprint, "layout": self._placement.layout},
+            "consumer_layout": consumer_layout(self._config),
             "ranks": list(self._committed_states),
         }
 
@@ -233,7 +250,8 @@ class DataCoordinator:
         """Restore every rank from a checkpoint, all or nothing; only before the first step.
 
         Refuses (``ValueError``, nothing restored) another format, another placement layout
-        and any rank whose loader identity differs, listing the differences. Allowed again
+        (number of logical shards, bundles, strategy) and any rank whose loader identity
+        differs, listing the differences; the DP size may differ (it divides the shards). Allowed again
         before the first step after a restore. A rank that dies while restoring is replaced
         and restored again; if the restore still fails, steps are refused until one succeeds.
         """
@@ -257,6 +275,7 @@ class DataCoordinator:
             self._committed_states = list(state["ranks"])
             self._committed_step = self._handed_step = int(state["step"])
             self._pending.clear()
+            self._dp_refs.clear()
             self._metrics.record_restore("checkpoint")
             self._metrics.record_committed(self._committed_step)
 
@@ -283,6 +302,8 @@ class DataCoordinator:
             "handed_step": self._handed_step,
             "committed_step": self._committed_step,
             "placement_fingerprint": self._placement.fingerprint,
+            "logical_shards": len(self._ranks),
+            "dp": self._dp,
             "restarts": list(self._restarts),
             "recovering_ranks": sorted(self._recoveries),
             "restore_failure": self._restore_failure,
@@ -335,10 +356,7 @@ class DataCoordinator:
         _check_checkpoint_structure(state)
         lines = differences(state["placement"]["layout"], self._placement.layout)
         if lines:
-            raise ValueError(
-                "Placement layout changed: " + "; ".join(lines) + "; restore with the "
-                "layout (world size, bundles, strategy, parallel sizes) the checkpoint was saved with"
-            )
+            raise ValueError("Placement layout changed: " + "; ".join(lines) + "; " + layout_fix(state["placement"]["layout"]))
         if len(state["ranks"]) != len(self._ranks):
             raise ValueError(
                 f"checkpoint holds {len(state['ranks'])} rank states for logical world size "
@@ -390,7 +408,22 @@ class DataCoordinator:
     async def _redeliver(self, step: int) -> list[Any]:
         """Pending step's refs, after every rank answered and every replacement caught up."""
         await asyncio.gather(*(self._caught_up(r, check_alive=True) for r in range(len(self._ranks))))
-        return list(self._pending[step][0])
+        return self._hand_out(step)
+
+    def _hand_out(self, step: int) -> list[Any]:
+        """One ref per DP rank: the shard refs (D = G) or merge tasks over them, made once per
+        set of shard refs (a rank that re-produced its batch gets its DP rank a new merge)."""
+        shard_refs = tuple(self._pending[step][0])
+        if self._dp == len(shard_refs):
+            return list(shard_refs)
+        made = self._dp_refs.get(step)
+        if made is None or made[0] != shard_refs:
+            refs = [
+                _merge_shards.remote(self._merge_spec, *(shard_refs[s] for s in shards))
+                for shards in shard_assignment(len(shard_refs), self._dp)
+            ]
+            made = self._dp_refs[step] = (shard_refs, refs)
+        return list(made[1])
 
     async def _next_batch(self, rank: int, step: int) -> tuple[Any, dict[str, Any]]:
         """Rank's batch ref and following state for ``step``, replacing the rank if it died."""
@@ -487,6 +520,26 @@ class DataCoordinator:
             f" (it has been {status['activity']} for {status['activity_seconds']:g} s; produced "
             f"{status['produced']} batches, {status['ready']} ready, pid {status['pid']}){advice}"
         )
+
+
+@ray.remote(num_cpus=0)
+def _merge_shards(spec: dict[str, Any], *batches: Any) -> Any:
+    """One DP rank's batch: the shard batches merged in order (a task, so data skips the coordinator)."""
+    from rl_data.distributed.shard_merge import MergeSpec, merge_shard_batches
+
+    return merge_shard_batches(MergeSpec.from_json(spec), batches)
+
+
+def layout_fix(saved: dict[str, Any]) -> str:
+    """What to do about a changed placement layout, naming the saved number of logical shards."""
+    shards = saved.get("logical_world_size")
+    if not isinstance(shards, int) or shards < 1:
+        return "restore with the data layout the checkpoint was saved with"
+    divisors = [d for d in range(1, shards + 1) if shards % d == 0]
+    return (
+        f"the checkpoint holds {shards} logical data shards: restore with logical_world_size={shards}, "
+        f"the same bundles and strategy; parallel_layout.dp may be any of {divisors}"
+    )
 
 
 def _check_checkpoint_structure(state: dict[str, Any]) -> None:

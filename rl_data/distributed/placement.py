@@ -1,9 +1,12 @@
 """Where the rank actors run, and the placement fingerprint that pins a checkpoint to a layout.
 
-The fingerprint hashes the *logical* layout only: world size, the resources of each rank's
-bundle in rank order, the strategy and the trainer's parallel layout. Placement-group and node
-ids change on every restart and are never part of it, so a job restarted on new nodes with the
-same layout restores, and a different layout is refused.
+The fingerprint hashes the *logical* layout of the data shards only: the number of logical
+shards G (rank actors), the resources of each shard's bundle in shard order and the strategy.
+Placement-group and node ids change on every restart and are never part of it, so a job
+restarted on new nodes with the same layout restores, and a different layout is refused. The
+trainer's parallel layout (DP, TP, PP, CP: the *consumer* layout) is not part of it either: the
+stream of a step does not depend on it (see :mod:`rl_data.distributed.shard_map`), so a
+checkpoint restores at any DP size that divides G.
 
 A group the runtime creates is named after its coordinator (:func:`placement_group_name`).
 Ray removes a group only when both its creator actor and the creator's job are gone, so a
@@ -21,7 +24,8 @@ from typing import Any
 
 from rl_data.distributed.config import RuntimeConfig
 
-PLACEMENT_LAYOUT_VERSION = 1
+#: 2: the trainer's parallel layout left the layout (it is the consumer's, not the data's).
+PLACEMENT_LAYOUT_VERSION = 2
 
 
 def placement_layout(
@@ -29,9 +33,8 @@ def placement_layout(
     world_size: int,
     bundles: Sequence[Mapping[str, float]],
     strategy: str,
-    parallel_layout: Mapping[str, int],
 ) -> dict[str, Any]:
-    """The plain-JSON description of a logical placement (what the fingerprint hashes)."""
+    """The plain-JSON description of a logical placement of ``world_size`` shards (what the fingerprint hashes)."""
     if len(bundles) != world_size:
         raise ValueError(
             f"placement has {len(bundles)} rank bundles for logical world size {world_size}; "
@@ -42,7 +45,6 @@ def placement_layout(
         "logical_world_size": int(world_size),
         "bundles": [{k: float(v) for k, v in sorted(b.items())} for b in bundles],
         "strategy": str(strategy),
-        "parallel_layout": {k: int(v) for k, v in sorted(parallel_layout.items())},
     }
 
 
@@ -59,8 +61,12 @@ def config_layout(config: RuntimeConfig, bundles: Sequence[Mapping[str, float]] 
         world_size=config.world_size,
         bundles=bundles if bundles is not None else [config.bundle_resources] * config.world_size,
         strategy=strategy if strategy is not None else config.strategy,
-        parallel_layout=config.parallel_layout.model_dump(),
     )
+
+
+def consumer_layout(config: RuntimeConfig) -> dict[str, int]:
+    """The trainer's parallel layout (``dp``, ``tp``, ``pp``, ``cp``) as plain JSON."""
+    return {k: int(v) for k, v in sorted(config.parallel_layout.model_dump().items())}
 
 
 @dataclass(frozen=True)

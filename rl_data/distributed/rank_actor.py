@@ -73,9 +73,13 @@ class RankActor:
         self._delay = injected_delay_s
         self._metrics = RankMetrics(coordinator_name, rank)
         self._task = get_task(loader_spec.data_config.energon.task_encoder)
+        processor = loader_spec.load_processor_factory()()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._merge_spec = self._task.merge_spec(self._task.config(loader_spec.data_config.task), pad_token_id or 0)
         self._loader = build_energon_sft_loader(
             **loader_spec.builder_kwargs(),
-            processor=loader_spec.load_processor_factory()(),
+            processor=processor,
             logical_rank=rank,
             logical_world_size=world_size,
             placement_fingerprint=placement_fingerprint,
@@ -92,6 +96,10 @@ class RankActor:
         self._activity, self._since = "idle, not started", time.monotonic()
         self._changed: Optional[asyncio.Condition] = None
         self._producer: Optional[asyncio.Task] = None
+
+    async def merge_spec(self) -> dict[str, Any]:
+        """How batches of this task merge across shards (``MergeSpec.to_json``)."""
+        return self._merge_spec.to_json()
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the loader from a format-2 state; only before the first batch."""

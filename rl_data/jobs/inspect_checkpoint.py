@@ -65,6 +65,8 @@ def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
         f"ranks: {len(ranks)}",
         f"placement fingerprint: {content['placement']['fingerprint']}",
         f"placement layout: {json.dumps(content['placement']['layout'], sort_keys=True)}",
+        f"consumer layout when saved: {json.dumps(content.get('consumer_layout'), sort_keys=True)} "
+        f"(restores at any dp dividing {len(content['ranks'])})",
     ]
     for rank, state in enumerate(ranks):
         topology = state["identity"]["topology"]

@@ -56,7 +56,7 @@ from ray.exceptions import RayActorError
 from rl_data.batched_data_dict import PooledList
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
-from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError, refuse_if_restore_failed
+from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError, layout_fix, refuse_if_restore_failed
 from rl_data.distributed.placement import (
     RankPlacement,
     adopt_placement_group,
@@ -453,10 +453,7 @@ class PromptFeed:
             )
         lines = differences(placement["layout"], self._placement.layout)
         if lines:
-            raise ValueError(
-                "Placement layout changed: " + "; ".join(lines) + "; restore with the layout (world "
-                "size, bundles, strategy, parallel sizes) the checkpoint was saved with"
-            )
+            raise ValueError("Placement layout changed: " + "; ".join(lines) + "; " + layout_fix(placement["layout"]))
         if len(producers) != len(self._producers):
             raise ValueError(
                 f"prompt feed checkpoint holds {len(producers)} rank states for logical world size "

@@ -12,7 +12,8 @@ A task owns:
 - a typed, frozen **encoder config** (:class:`TaskConfig` subclass, ``extra="forbid"``) for
   the options only this task has; it is validated on the driver from
   ``data_config["task"]`` and recorded whole in the loader identity (``task.config``);
-- :meth:`Task.batch_stats`, which the rank actors' metrics call instead of reading columns;
+- :meth:`Task.batch_stats`, which the rank actors' metrics call instead of reading columns,
+  and :meth:`Task.merge_spec`, how batches of several logical shards merge into one DP rank's;
 - optionally the **demo data** the main job prepares for it (:class:`DemoData`).
 
 Preprocess, the loader builder, the rank actors, the metrics and the main job look tasks up in
@@ -93,6 +94,8 @@ class Task:
     adapters: tuple[str, ...] = ()
     #: The encoder needs the whole processor (media), not only its tokenizer.
     needs_processor: bool = False
+    #: ``config -> columns padded on the left`` (default: every padded column pads on the right).
+    left_padded_columns: Callable[[Any], tuple[str, ...]] | None = None
     demo: DemoData | None = None
 
     @property
@@ -122,6 +125,14 @@ class Task:
         extra = {"processor": processor} if self.needs_processor else {}
         fields = {name: getattr(config, name) for name in type(config).model_fields}
         return self.encoder_class(**extra, **fields, cooker=self.cooker(cooker), **options)
+
+    def merge_spec(self, config: TaskConfig, pad_token_id: int) -> Any:
+        """How this task's batches of several shards merge (``MergeSpec``): ``input_ids`` pad
+        with the tokenizer's pad id, other padded columns with 0."""
+        from rl_data.distributed.shard_merge import MergeSpec
+
+        left = self.left_padded_columns(config) if self.left_padded_columns is not None else ()
+        return MergeSpec(pad_values={"input_ids": int(pad_token_id)}, left_padded=tuple(left))
 
     def batch_stats(self, batch: Any) -> Any:
         """Samples, real tokens and zero-loss samples of one batch (``BatchStats``)."""

@@ -344,6 +344,7 @@ TASK = Task(
     stats=rl_prompt_stats,
     supports_packing=False,
     adapter_overrides={"add_generation_prompt": True, "add_eos": False},
+    left_padded_columns=lambda config: ("input_ids",) if config.generation_padding == "left" else (),
     adapters=("gsm8k", "prompt_ground_truth", "rl_messages", "env_info"),
     demo=DemoData(
         description="GSM8K-style arithmetic word problems with their final answers as ground truth",
