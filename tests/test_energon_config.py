@@ -19,6 +19,7 @@ def test_source_defaults_and_values():
     assert source == EnergonSourceConfig(path="/data/chat", split="train")
     assert source.model_dump() == {
         "path": "/data/chat",
+        "mixture": None,
         "split": "train",
         "virtual_epoch_length": 0,
         "limit": None,
@@ -63,7 +64,7 @@ def test_invalid_source_names_block_field_and_rule(value, message):
     with pytest.raises(ValueError) as error:
         _source_config(value, name="energon.train")
     assert (
-        str(error.value) == message + " (allowed fields: path, split, virtual_epoch_length, limit, epoch_mode)"
+        str(error.value) == message + " (allowed fields: path, mixture, split, virtual_epoch_length, limit, epoch_mode)"
     )
 
 
@@ -72,7 +73,7 @@ def test_source_that_is_not_a_mapping():
         _source_config("/data/chat", name="energon.train")
     assert str(error.value) == (
         "energon.train must be a mapping of EnergonSourceConfig fields "
-        "(path, split, virtual_epoch_length, limit, epoch_mode), got str: '/data/chat'"
+        "(path, mixture, split, virtual_epoch_length, limit, epoch_mode), got str: '/data/chat'"
     )
 
 

@@ -246,8 +246,12 @@ class DataCoordinator:
             "ranks": list(self._committed_states),
         }
 
-    async def load_state_dict(self, state: dict[str, Any]) -> None:
+    async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
         """Restore every rank from a checkpoint, all or nothing; only before the first step.
+
+        ``reweight``: a mixture source whose member weights changed (nothing else) continues
+        with the new weights from every member's restored position (see
+        ``EnergonSFTDataLoader.load_state_dict``); the rank states record the change.
 
         Refuses (``ValueError``, nothing restored) another format, another placement layout
         (number of logical shards, bundles, strategy) and any rank whose loader identity
@@ -262,17 +266,21 @@ class DataCoordinator:
                     f"load_state_dict after next_step was called (last step handed out: {self._handed_step}); "
                     "restore a checkpoint into a fresh coordinator, or right after a restore, before next_step"
                 )
-            self._check_checkpoint(state)
+            self._check_checkpoint(state, reweight)
             self._restore_failure = f"restoring the checkpoint of step {state['step']} did not finish"
             try:
                 await asyncio.gather(
-                    *(self._restore_rank(rank, saved) for rank, saved in enumerate(state["ranks"]))
+                    *(self._restore_rank(rank, saved, reweight) for rank, saved in enumerate(state["ranks"]))
                 )
             except BaseException as error:
                 self._restore_failure = f"restoring the checkpoint of step {state['step']} failed: {error}"
                 raise
             self._restore_failure = None
-            self._committed_states = list(state["ranks"])
+            # the states the ranks hold now (a re-weighted mixture records its new weights)
+            self._committed_states = list(await asyncio.gather(
+                *(self._await(a.state_dict.remote(), self._config.control_timeout_s, r, "describing its restored state")
+                  for r, a in enumerate(self._ranks))
+            )) if reweight else list(state["ranks"])
             self._committed_step = self._handed_step = int(state["step"])
             self._pending.clear()
             self._dp_refs.clear()
@@ -283,10 +291,11 @@ class DataCoordinator:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node)."""
         return str(save_checkpoint_file(checkpoint_path(directory), await self.state_dict()))
 
-    async def load_checkpoint(self, directory: str) -> int:
-        """Load a checkpoint written by :meth:`save_checkpoint`; return its step."""
+    async def load_checkpoint(self, directory: str, reweight: bool = False) -> int:
+        """Load a checkpoint written by :meth:`save_checkpoint`; return its step (``reweight``: see
+        :meth:`load_state_dict`)."""
         state = load_checkpoint_file(checkpoint_path(directory))
-        await self.load_state_dict(state)
+        await self.load_state_dict(state, reweight)
         return self._committed_step
 
     async def status(self) -> dict[str, Any]:
@@ -340,8 +349,11 @@ class DataCoordinator:
     def _refuse_if_restore_failed(self, call: str) -> None:
         refuse_if_restore_failed(self._restore_failure, call)
 
-    def _check_checkpoint(self, state: Any) -> None:
-        """Refuse a checkpoint of another format, layout or loader identity (nothing is changed)."""
+    def _check_checkpoint(self, state: Any, reweight: bool = False) -> None:
+        """Refuse a checkpoint of another format, layout or loader identity (nothing is changed);
+        with ``reweight``, changed mixture weights alone are accepted."""
+        from rl_data.energon.mixture import weight_change_lines
+
         from rl_data.energon.identity import restore_differences
         from rl_data.fingerprint import differences
 
@@ -364,14 +376,16 @@ class DataCoordinator:
             )
         for rank, (saved, current) in enumerate(zip(state["ranks"], self._committed_states)):
             lines = restore_differences(saved.get("identity"), current.get("identity"))
+            if reweight:
+                lines = [line for line in lines if line not in weight_change_lines(lines)]
             if lines:
                 raise ValueError(f"rank {rank}: Energon loader identity changed: " + "; ".join(lines))
 
-    async def _restore_rank(self, rank: int, saved: dict[str, Any]) -> None:
+    async def _restore_rank(self, rank: int, saved: dict[str, Any], reweight: bool = False) -> None:
         """Load ``saved`` into rank's actor, replacing the actor (no restore of its own) if it died."""
         while True:
             try:
-                call = self._ranks[rank].load_state_dict.remote(saved)
+                call = self._ranks[rank].load_state_dict.remote(saved, reweight)
                 await self._await(call, self._config.control_timeout_s, rank, "restoring its checkpoint state")
                 return
             except RayActorError as error:

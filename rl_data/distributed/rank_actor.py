@@ -101,15 +101,16 @@ class RankActor:
         """How batches of this task merge across shards (``MergeSpec.to_json``)."""
         return self._merge_spec.to_json()
 
-    async def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the loader from a format-2 state; only before the first batch."""
+    async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
+        """Restore the loader from a format-2 state; only before the first batch (``reweight``:
+        see ``EnergonSFTDataLoader.load_state_dict``)."""
         if self._producer is not None:
             raise RuntimeError(
                 f"rank {self.rank} already started producing batches; restore a state into a "
                 "fresh rank actor, before its first next_batch/start call"
             )
-        self._loader.load_state_dict(state)
-        self._handed_state = state
+        self._loader.load_state_dict(state, reweight=reweight)
+        self._handed_state = self._loader.state_dict() if reweight else state
 
     async def state_dict(self) -> dict[str, Any]:
         """The loader state after the last batch handed out (before the first: the initial one).
@@ -167,6 +168,8 @@ class RankActor:
             "filtered_samples": self._loader.filtered_samples,
             "handed_out_samples": self._handed_samples,
             "zero_loss_samples": self._zero_loss_samples,
+            # a mixture's batches, samples per member and weight history, as handed out
+            "mixture": (self._handed_state or {}).get("mixture"),
         }
 
     def _count_zero_loss(self, stats: BatchStats) -> None:

@@ -20,13 +20,30 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class EnergonSourceConfig(BaseModel):
-    """One prepared Energon dataset and the split a loader reads from it."""
+class MixtureMember(BaseModel):
+    """One dataset of a weighted mixture: a name (unique in the mixture), its path and weight."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Root of a prepared dataset (the folder that holds ``.nv-meta``); local or an Energon EPath.
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: Root of a prepared dataset (absolute: every node reads it).
     path: str = Field(min_length=1)
+    #: Relative weight (> 0); a sample comes from this member with probability weight / sum.
+    weight: float = Field(gt=0)
+
+
+class EnergonSourceConfig(BaseModel):
+    """The data a loader reads: one prepared Energon dataset (or an Energon metadataset YAML),
+    or a weighted ``mixture`` of datasets, and the split it reads from each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Root of a prepared dataset (the folder that holds ``.nv-meta``), or an Energon metadataset
+    #: ``.yaml`` (read by Energon's own loader; a ``blend`` of datasets is a mixture); local or an
+    #: Energon EPath. Leave unset when ``mixture`` is given.
+    path: str | None = Field(default=None, min_length=1)
+    #: Datasets sampled by weight (Energon blends them sample by sample, deterministically).
+    mixture: tuple[MixtureMember, ...] | None = Field(default=None, min_length=1)
     #: Energon split part, as written by ``energon prepare``: ``"train"``, ``"val"`` or ``"test"``.
     split: str = Field(min_length=1)
     #: Training only: batches per ``for`` loop. 0 (``epoch_mode="exact"`` only): one ``for``
@@ -40,6 +57,36 @@ class EnergonSourceConfig(BaseModel):
     #: shuffle buffer mixes consecutive passes, so any pass-sized window holds some samples
     #: twice and misses others; nothing is dropped. See README "Epoch modes".
     epoch_mode: Literal["exact", "virtual"] = "exact"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnergonSourceConfig":
+        if (self.path is None) == (self.mixture is None):
+            raise ValueError("give exactly one of path (a dataset or metadataset) and mixture (datasets with weights)")
+        if self.mixture is not None:
+            names = [m.name for m in self.mixture]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"mixture member names must be unique, found {repeated} more than once")
+        return self
+
+    @property
+    def is_mixture(self) -> bool:
+        """Several datasets sampled by weight (a ``mixture``, or a metadataset YAML)."""
+        return self.mixture is not None or str(self.path).endswith((".yaml", ".yml"))
+
+    def energon_source(self) -> Any:
+        """What Energon's ``get_train_dataset`` / ``get_val_dataset`` read: the path, or for a
+        ``mixture`` a metadataset (a ``blend`` of the members, as a mapping)."""
+        if self.mixture is None:
+            return self.path
+        blend = [{"path": m.path, "weight": m.weight} for m in self.mixture]
+        return {"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {self.split: {"blend": blend}}}
+
+    def describe(self) -> str:
+        """A short name for messages: the path, or ``mixture(name=weight, ...)``."""
+        if self.mixture is None:
+            return str(self.path)
+        return "mixture(" + ", ".join(f"{m.name}={m.weight:g}" for m in self.mixture) + ")"
 
 
 class EnergonLoaderConfig(BaseModel):

@@ -107,16 +107,19 @@ def _loader_identity(
     max_sequences_per_bin: int | None,
     sequence_length_pad_multiple: int,
     only_unmask_final: bool,
+    mixture: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Describe what a restored loader must still agree with.
 
     ``adapter`` is the processor adapter's ``identity_summary`` (its fields and fingerprint).
     The four packing keys are present only when packing is on: without packing,
     ``only_unmask_final`` is applied after the loader and does not change its state.
+    ``mixture`` (:func:`rl_data.energon.mixture.mixture_members`) describes every member of a
+    mixture source by name (path, weight, index uuid); it replaces the source's member list.
     """
     identity: dict[str, Any] = {
-        "source": source.model_dump(mode="json"),
-        "dataset": {"index_uuid": _dataset_index_uuid(source.path)},
+        "source": source.model_dump(mode="json", exclude={"mixture"}),
+        "dataset": {"index_uuid": None if source.is_mixture else _dataset_index_uuid(source.path)},
         "loader": loader_config.identity_dump(),
         "adapter": dict(adapter),
         "split_role": split_role,
@@ -125,6 +128,8 @@ def _loader_identity(
         "state_format_version": _V2_STATE_FORMAT_VERSION,
         "topology": dict(topology),
     }
+    if mixture is not None:
+        identity["mixture"] = dict(mixture)
     if packing_algorithm is not None:
         identity["packing_algorithm"] = packing_algorithm
         identity["max_sequences_per_bin"] = max_sequences_per_bin

@@ -40,6 +40,13 @@ from rl_data.energon.failure_budget import (
     SkipCountingWorkerConfig,
     compact_sample_error_handler,
 )
+from rl_data.energon.mixture import (
+    MixtureRecord,
+    member_names_by_path,
+    mixture_members,
+    weight_change_lines,
+    weights_of,
+)
 from rl_data.energon.identity import (
     _V2_STATE_FORMAT_VERSION,
     _loader_identity,
@@ -86,9 +93,15 @@ class EnergonSFTDataLoader:
     """
 
     def __init__(
-        self, loader: Any, *, identity: Mapping[str, Any], loop_length: int | None = None
+        self,
+        loader: Any,
+        *,
+        identity: Mapping[str, Any],
+        loop_length: int | None = None,
+        mixture: MixtureRecord | None = None,
     ) -> None:
         self._loader = loader
+        self._mixture = mixture
         self._loop_length = loop_length
         self._stream = RankStream(loader) if loop_length is not None else None
         self._dropped = 0
@@ -120,6 +133,12 @@ class EnergonSFTDataLoader:
         """Samples the task encoder filtered out on purpose (e.g. RL prompts over
         ``max_sequence_length``) since this loader was built, in all its workers."""
         return self._budget.filtered_count() if self._budget is not None else 0
+
+    @property
+    def mixture(self) -> dict[str, Any] | None:
+        """For a mixture source: batches and samples per member delivered since the start of the
+        run (restores included), and the weights in force from which batch on; else None."""
+        return self._mixture.to_json() if self._mixture is not None else None
 
     @property
     def dropped_samples(self) -> int:
@@ -173,6 +192,7 @@ class EnergonSFTDataLoader:
                 batches += 1
                 self._batches += 1
                 self._delivered += _count_sources(batch)
+                self._count_members(batch)
                 if self._budget is not None:
                     self._budget.check_ratio(self._delivered, self._source_name())
                 yield batch
@@ -207,12 +227,17 @@ class EnergonSFTDataLoader:
                     position.loop_batches += 1
                 self._batches += 1
                 self._delivered += _count_sources(item)
+                self._count_members(item)
                 if self._budget is not None:
                     self._budget.check_ratio(self._delivered, self._source_name())
                 yield item
             position.loop_batches = 0
         except FatalSampleError as error:
             raise self._fatal(error) from error
+
+    def _count_members(self, batch: Any) -> None:
+        if self._mixture is not None:
+            self._mixture.count(batch.get("source_datasets"))
 
     def _empty_pass(self, over: PassOver, newly_skipped: int) -> Exception:
         if newly_skipped > 0:
@@ -246,7 +271,8 @@ class EnergonSFTDataLoader:
 
     def _source_name(self) -> str:
         source = self._identity.get("source", {})
-        return f"Energon source {source.get('path')!r} (split {source.get('split')!r})"
+        where = source.get("path") if self._mixture is None else "mixture of " + ", ".join(self._mixture.counts)
+        return f"Energon source {where!r} (split {source.get('split')!r})"
 
     def state_dict(self) -> dict[str, Any]:
         """The format-2 envelope; loads with ``torch.load(weights_only=True)``."""
@@ -267,10 +293,16 @@ class EnergonSFTDataLoader:
             "identity": copy.deepcopy(self._identity),
             "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone(),
             "position": position,
+            **({"mixture": self._mixture.to_json()} if self._mixture is not None else {}),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved by a loader with the same identity, before iterating."""
+    def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> None:
+        """Restore a state saved by a loader with the same identity, before iterating.
+
+        ``reweight``: a mixture whose member weights changed (and nothing else) continues with
+        the new weights from each member's restored position, and the state's weight history
+        records the change; without it such a state is refused like any other change.
+        """
         if self._iterated:
             raise RuntimeError(
                 "cannot restore an Energon loader whose iteration already started; build a "
@@ -289,14 +321,23 @@ class EnergonSFTDataLoader:
                 f"reads only format {_V2_STATE_FORMAT_VERSION}"
             )
         saved_identity = state.get("identity")
-        lines = restore_differences(saved_identity, self._identity)
+        changes = restore_differences(saved_identity, self._identity)
+        reweighted = weight_change_lines(changes)
+        lines = [line for line in changes if not (reweight and line in reweighted)]
         # a fingerprint that does not match its own identity: the envelope was edited
         saved_fingerprint = fingerprint(saved_identity) if not lines else None
         if not lines and state.get("fingerprint") != saved_fingerprint:
             found = brief(state.get("fingerprint"))
             lines = [f"fingerprint {found} -> {brief(saved_fingerprint)}"]
         if lines:
-            raise ValueError("Energon loader identity changed: " + "; ".join(lines))
+            hint = ""
+            if reweighted and not reweight and len(reweighted) == len(lines):
+                hint = (
+                    "; only mixture weights changed: to continue with the new weights from each "
+                    "member's restored position, restore with reweight=True"
+                )
+            raise ValueError("Energon loader identity changed: " + "; ".join(lines) + hint)
+        mixture = self._saved_mixture(state.get("mixture"), reweighted if reweight else [])
         payload = state.get("loader_state")
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             found = payload.dtype if isinstance(payload, torch.Tensor) else type(payload).__name__
@@ -307,9 +348,19 @@ class EnergonSFTDataLoader:
         rank_state = decode_rank_state(payload.contiguous().numpy().tobytes())
         if self._stream is not None:
             self._stream.restore(rank_state, position)
-            return
-        self._loader.restore_state_rank(rank_state)
-        self._resting_state = rank_state
+        else:
+            self._loader.restore_state_rank(rank_state)
+            self._resting_state = rank_state
+        self._mixture = mixture
+
+    def _saved_mixture(self, value: Any, reweighted: list[str]) -> MixtureRecord | None:
+        """The restored mixture record, with the new weights in its history when they changed."""
+        if self._mixture is None:
+            return None
+        record = MixtureRecord.from_json(value) if value is not None else self._mixture
+        if reweighted:
+            record = record.reweighted(weights_of(self._identity["mixture"]))
+        return record
 
     def _saved_position(self, value: Any) -> StreamPosition | None:
         if self._stream is None:
@@ -390,6 +441,7 @@ def _task_encoder(
     only_unmask_final: bool,
     task_config: Any = None,
     processor: Any = None,
+    source_datasets: Mapping[str, str] | None = None,
 ) -> Any:
     """The task encoder of the task ``loader_config.task_encoder`` names (:mod:`rl_data.tasks`).
 
@@ -411,6 +463,7 @@ def _task_encoder(
         only_unmask_final=only_unmask_final,
         packing_seed=loader_config.seed_offset,
         failure_tolerance=loader_config.max_consecutive_failures,
+        source_datasets=source_datasets,
     )
 
 
@@ -485,10 +538,17 @@ def build_energon_sft_loader(
         )
     shuffle: bool | None = None
     loop_length: int | None = None
+    members = mixture_members(source)
+    if split_role == "train" and source.mixture is not None and source.epoch_mode == "exact":
+        raise ValueError(
+            f"train source {source.describe()}: a mixture samples its members by weight and repeats "
+            "each one forever, so it has no exact passes; set epoch_mode 'virtual' and a "
+            "virtual_epoch_length (batches per for loop)"
+        )
     if split_role == "train":
         if source.epoch_mode == "virtual" and source.virtual_epoch_length <= 0:
             raise ValueError(
-                f"train source {source.path!r}: epoch_mode 'virtual' repeats the data forever, "
+                f"train source {source.describe()!r}: epoch_mode 'virtual' repeats the data forever, "
                 "so virtual_epoch_length (batches per for loop) must be > 0, got "
                 f"{source.virtual_epoch_length}; set it, or use epoch_mode 'exact' (0: one pass "
                 "per for loop)"
@@ -519,6 +579,7 @@ def build_energon_sft_loader(
         only_unmask_final=only_unmask_final,
         task_config=task_config,
         processor=processor,
+        source_datasets=member_names_by_path(members),
     )
     common = dict(
         split_part=source.split,
@@ -530,7 +591,7 @@ def build_energon_sft_loader(
     if split_role == "train":
         dataset = _train_dataset(source, loader_config, worker_config, common)
     else:
-        dataset = get_val_dataset(source.path, batch_drop_last=False, limit=source.limit, **common)
+        dataset = get_val_dataset(source.energon_source(), batch_drop_last=False, limit=source.limit, **common)
     workers = max(1, loader_config.num_workers)
     loader = get_savable_loader(
         dataset,
@@ -559,10 +620,13 @@ def build_energon_sft_loader(
         max_sequences_per_bin=max_sequences_per_bin,
         sequence_length_pad_multiple=sequence_length_pad_multiple,
         only_unmask_final=only_unmask_final,
+        mixture=members,
     )
     identity["components"] = task_encoder.component_versions
     identity["task"] = {"name": task.name, "config": task_config.model_dump(mode="json")}
-    return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length)
+    weights = weights_of(members) if members is not None else {}
+    record = MixtureRecord.start(weights) if weights else None
+    return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length, mixture=record)
 
 
 def _train_dataset(
@@ -579,7 +643,7 @@ def _train_dataset(
     exact = source.epoch_mode == "exact"
     try:
         dataset = get_train_dataset(
-            source.path,
+            source.energon_source(),
             batch_drop_last=True,
             shuffle_buffer_size=loader_config.shuffle_buffer_size,
             max_samples_per_sequence=loader_config.max_samples_per_sequence,
@@ -589,7 +653,7 @@ def _train_dataset(
     except AssertionError as error:
         if exact and "repeat is False" in str(error):
             raise ValueError(
-                f"train source {source.path!r}: epoch_mode 'exact' needs one dataset or an "
+                f"train source {source.describe()!r}: epoch_mode 'exact' needs one dataset or an "
                 "epochized blend, but this metadataset blends by weight (Energon: "
                 f"{error}); use epoch_mode 'virtual' with a virtual_epoch_length"
             ) from None

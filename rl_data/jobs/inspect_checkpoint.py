@@ -68,16 +68,33 @@ def describe_checkpoint(file: Path, content: dict[str, Any]) -> list[str]:
         f"consumer layout when saved: {json.dumps(content.get('consumer_layout'), sort_keys=True)} "
         f"(restores at any dp dividing {len(content['ranks'])})",
     ]
+    members = ranks[0]["identity"].get("mixture") if ranks else None
+    if members:
+        lines.append("mixture: " + ", ".join(
+            f"{name}={m['weight']:g} ({m['path']})" if "weight" in m else f"{name} ({m['path']})" for name, m in members.items()
+        ))
     for rank, state in enumerate(ranks):
         topology = state["identity"]["topology"]
         lines.append(
             f"rank {rank}: identity fingerprint {fingerprint(state['identity'])} "
             f"(logical rank {topology['logical_rank']} of {topology['logical_world_size']})"
         )
+        if state.get("mixture"):
+            lines.append(f"rank {rank} mixture: {mixture_line(state['mixture'])}")
     if ranks:
         lines.append("identity (rank 0):")
         lines.extend("  " + line for line in json.dumps(ranks[0]["identity"], indent=2, sort_keys=True).splitlines())
     return lines
+
+
+def mixture_line(record: dict[str, Any]) -> str:
+    """``N batches; samples a 12, b 8; weights a=0.5 b=0.5 from batch 0, a=0.2 b=0.8 from batch 30``."""
+    samples = ", ".join(f"{name} {count}" for name, count in record["counts"].items())
+    weights = ", ".join(
+        " ".join(f"{name}={w:g}" for name, w in entry["weights"].items()) + f" from batch {entry['batches']}"
+        for entry in record["history"]
+    )
+    return f"{record['batches']} batches; samples {samples}; weights {weights}"
 
 
 def refusal_lines(content: dict[str, Any], job: JobConfigFile) -> list[str]:

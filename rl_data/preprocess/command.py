@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import pydantic
 import typer
 
+from rl_data.preprocess.mixture import parse_mixture, run_mixture_preprocess
 from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 
 
@@ -95,6 +96,10 @@ def preprocess(
                                                       "--max-failed-fraction of the rows read")] = 100,
     max_failed_fraction: Annotated[float, typer.Option(help="failed share of the rows read that is tolerated "
                                                             "(too_long rows are not failures)")] = 0.01,
+    mixture: Annotated[Optional[str], typer.Option(help="write the inputs as the members of a weighted mixture: "
+                                                     "NAME=WEIGHT,... (or a YAML {name: weight}); each input "
+                                                     "belongs to the member it is named after (math.jsonl, code/); "
+                                                     "writes one dataset per member and <output>/mixture.yaml")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder")] = False,
     num_cpus_per_task: Annotated[float, typer.Option(help="CPU share of each transform task (0 < x <= 1)")] = 0.5,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to use (default: $RAY_ADDRESS or local)")] = None,
@@ -115,7 +120,12 @@ def preprocess(
             progress=progress,
         )
         with _quiet_ray_data_errors(not debug):
-            run_preprocess(config, ray_address)
+            if mixture is None:
+                run_preprocess(config, ray_address)
+            else:
+                summary = run_mixture_preprocess(config, parse_mixture(mixture), ray_address)
+                members = ", ".join(f"{name}={w:g} ({summary.members[name]['accepted']} samples)" for name, w in summary.weights.items())
+                typer.echo(f"mixture written: {summary.mixture_file} blends {members}")
     except typer.BadParameter:
         raise
     except Exception as error:  # noqa: BLE001 - the command's job is to report it readably

@@ -302,7 +302,7 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
                 [s.message_log for s in samples], self.adapter.pad_token_id, left=self.generation_padding == "left"
             )
             batch["input_lengths"] = lengths.clone()
-        return batch
+        return self.with_source_datasets(batch, samples)
 
 
 def padded_input_ids(message_logs: list[list[dict[str, Any]]], pad_token_id: int, *, left: bool) -> torch.Tensor:

@@ -16,7 +16,7 @@ A sample whose length reaches ``max_sequence_length`` is truncated (every messag
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, Sample, edataclass, stateless
@@ -85,10 +85,14 @@ class BaseSFTTaskEncoder(
         cooker: Optional[type] = None,
         packing_seed: int = 0,
         failure_tolerance: Optional[int] = None,
+        source_datasets: Optional[Mapping[str, str]] = None,
     ) -> None:
         """``cooker`` (a cooker class) None selects :attr:`DEFAULT_COOKER`; ``failure_tolerance``
-        overrides Energon's consecutive-failure limit per stage (default 100)."""
+        overrides Energon's consecutive-failure limit per stage (default 100);
+        ``source_datasets`` (dataset path -> mixture member name) adds a ``source_datasets``
+        column to every batch: the member of each row (a list per pack)."""
         super().__init__()
+        self.source_datasets = dict(source_datasets) if source_datasets else None
         if max_sequence_length != adapter.max_sequence_length:
             raise ValueError(
                 f"max_sequence_length {max_sequence_length} differs from the adapter's "
@@ -191,7 +195,7 @@ class BaseSFTTaskEncoder(
                 "packing_buffer_size exactly when a packing algorithm is configured"
             )
         if self.packing:
-            return collate_packs(
+            batch = collate_packs(
                 [
                     {field: getattr(s, field) for field in _PACK_FIELDS}
                     for s in samples
@@ -200,13 +204,28 @@ class BaseSFTTaskEncoder(
                 capacity=self.max_sequence_length,
                 source_ids=[s.source_ids for s in samples] if self.include_source_ids else None,
             )
+            return self.with_source_datasets(batch, samples)
         batch = BatchedDataDict(
             message_log=[s.message_log for s in samples],
             loss_multiplier=torch.tensor([s.loss_multiplier for s in samples], dtype=torch.float32),
         )
         if self.include_source_ids:
             batch["source_ids"] = [s.__key__ for s in samples]
+        return self.with_source_datasets(batch, samples)
+
+    def with_source_datasets(self, batch: BatchedDataDict, samples: list[Any]) -> BatchedDataDict:
+        """``batch`` plus, for a mixture, the ``source_datasets`` column (see ``__init__``)."""
+        if self.source_datasets is None:
+            return batch
+        if self.packing:
+            batch["source_datasets"] = [[self._member(src) for src in s.__sources__ or ()] for s in samples]
+        else:
+            batch["source_datasets"] = [self._member((s.__sources__ or (None,))[0]) for s in samples]
         return batch
+
+    def _member(self, source: Any) -> str:
+        path = str(getattr(source, "dataset_path", ""))
+        return self.source_datasets.get(path, path or "unknown")
 
     def _require_packing(self, stage: str) -> None:
         if not self.packing:

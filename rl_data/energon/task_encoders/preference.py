@@ -122,4 +122,4 @@ class PreferenceTaskEncoder(BaseSFTTaskEncoder):
         )
         if self.include_source_ids:
             batch["source_ids"] = [s.__key__ for s in samples]
-        return batch
+        return self.with_source_datasets(batch, samples)

@@ -1,0 +1,161 @@
+"""Weighted mixtures of three real Energon datasets through the loader: identity, proportions,
+exact restore, refused and explicit re-weighting (no Ray)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from energon_fixtures import SINGLE_RANK_UNPACKED, batch_source_ids, write_chat_dataset
+from restore_check import assert_restores_at_every_step, torch_roundtrip
+
+from rl_data.energon.config import EnergonSourceConfig
+from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+WEIGHTS = {"math": 0.5, "code": 0.3, "chat": 0.2}
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory, chat_conversations):
+    """Three datasets of different conversations (disjoint sample keys), all in split train."""
+    out = {}
+    for index, name in enumerate(WEIGHTS):
+        root = tmp_path_factory.mktemp(f"mixture_{name}")
+        out[name] = write_chat_dataset(root, chat_conversations[300 * index : 300 * index + 300],
+                                       samples_per_shard=30, splits={"train": 1.0})
+    return out
+
+
+def _mixture(members, weights=WEIGHTS):
+    return [{"name": name, "path": str(members[name].path), "weight": w} for name, w in weights.items()]
+
+
+def _loader(members, tokenizer, *, weights=WEIGHTS, packing=False, loop=20, workers=0):
+    energon = {"shuffle_buffer_size": 8, "max_samples_per_sequence": 4, "num_workers": workers}
+    extra = {}
+    if packing:
+        energon["packing_buffer_size"] = 6
+        extra = {"packing_algorithm": "first_fit_decreasing", "max_sequences_per_bin": None, "sequence_length_pad_multiple": 8}
+    arguments = {**SINGLE_RANK_UNPACKED, **extra}
+    return build_energon_sft_loader(
+        data_config={"energon": energon, "shuffle": True},
+        source={"mixture": _mixture(members, weights), "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": loop},
+        processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **arguments,
+    )
+
+
+def _member_of(members):
+    return {key: name for name, dataset in members.items() for key in dataset.split_keys["train"]}
+
+
+def test_source_config_takes_a_path_or_a_mixture_never_both(members):
+    with pytest.raises(ValueError, match="give exactly one of path .* and mixture"):
+        EnergonSourceConfig(path="/d", mixture=_mixture(members), split="train")
+    with pytest.raises(ValueError, match=r"mixture member names must be unique, found \['math'\]"):
+        EnergonSourceConfig(mixture=_mixture(members)[:1] * 2, split="train")
+    with pytest.raises(ValueError, match="weight"):
+        EnergonSourceConfig(mixture=[{"name": "a", "path": "/d", "weight": 0}], split="train")
+
+
+def test_exact_passes_are_refused_for_a_mixture(members, tokenizer):
+    with pytest.raises(ValueError, match=r"a mixture samples its members by weight .* set epoch_mode 'virtual'"):
+        build_energon_sft_loader(
+            data_config={"energon": {}, "shuffle": True}, source={"mixture": _mixture(members), "split": "train"},
+            processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **SINGLE_RANK_UNPACKED,
+        )
+
+
+def test_identity_names_every_member_with_its_weight_and_dataset(members, tokenizer):
+    loader = _loader(members, tokenizer)
+    mixture = loader.identity["mixture"]
+    assert list(mixture) == ["math", "code", "chat"]
+    for name, weight in WEIGHTS.items():
+        assert mixture[name]["weight"] == weight and mixture[name]["path"] == str(members[name].path)
+        assert mixture[name]["index_uuid"] == (members[name].root / ".nv-meta" / "index.uuid").read_text().strip()
+    assert "mixture" not in loader.identity["source"]
+    loader.close()
+
+
+def test_member_proportions_over_5000_samples_follow_the_weights(members, tokenizer):
+    loader, member_of = _loader(members, tokenizer, loop=1250), _member_of(members)
+    batches = list(loader)
+    counts = Counter(member_of[key] for batch in batches for key in batch["source_ids"])
+    assert sum(counts.values()) == 5000
+    for name, weight in WEIGHTS.items():  # binomial sd <= 0.0071: 3 % is over 4 sd
+        assert abs(counts[name] / 5000 - weight) < 0.03, (name, counts)
+    # the loader's own per-member count (source_datasets column) agrees with the sample ids
+    assert all(batch["source_datasets"] == [member_of[k] for k in batch["source_ids"]] for batch in batches)
+    assert loader.mixture["counts"] == dict(counts) and loader.mixture["batches"] == 1250
+    loader.close()
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
+def test_restore_at_every_step_equals_the_uninterrupted_run(members, tokenizer, packing):
+    report = assert_restores_at_every_step(
+        lambda: _loader(members, tokenizer, packing=packing, loop=5), steps=12, extract=batch_source_ids,
+        close=lambda loader: loader.close(),
+    )
+    assert len(report.epoch_starts) >= 1  # across for-loop boundaries
+    assert len(set(_member_of(members)[i] for i in report.ids)) == 3
+
+
+def test_restore_at_every_step_with_energon_workers(members, tokenizer):
+    assert_restores_at_every_step(
+        lambda: _loader(members, tokenizer, loop=4, workers=2), steps=9, extract=batch_source_ids,
+        close=lambda loader: loader.close(),
+    )
+
+
+def _run(loader, batches):
+    iterator, out = iter(loader), []
+    while len(out) < batches:
+        try:
+            out.append(next(iterator))
+        except StopIteration:
+            iterator = iter(loader)
+    return out
+
+
+def test_changed_weights_are_refused_with_one_line_per_weight(members, tokenizer):
+    loader = _loader(members, tokenizer)
+    _run(loader, 3)
+    state = torch_roundtrip(loader.state_dict())
+    loader.close()
+    other = _loader(members, tokenizer, weights={"math": 0.2, "code": 0.3, "chat": 0.5})
+    with pytest.raises(ValueError) as refused:
+        other.load_state_dict(state)
+    assert str(refused.value) == (
+        "Energon loader identity changed: mixture.chat.weight 0.2 -> 0.5; mixture.math.weight 0.5 -> 0.2; "
+        "only mixture weights changed: to continue with the new weights from each member's restored "
+        "position, restore with reweight=True"
+    )
+    # re-weighting never excuses another change: a new member is refused even with reweight=True
+    more = _loader(members, tokenizer, weights={"math": 0.5, "code": 0.3})
+    with pytest.raises(ValueError, match=r"^Energon loader identity changed: mixture.chat removed \{'path'") as removed:
+        more.load_state_dict(state, reweight=True)
+    assert "reweight" not in str(removed.value)
+    other.close()
+    more.close()
+
+
+def test_explicit_reweighting_continues_from_each_members_position_without_repeats(members, tokenizer):
+    member_of = _member_of(members)
+    loader = _loader(members, tokenizer)
+    before = _run(loader, 25)  # 100 samples: no member is near the end of its 300
+    state = torch_roundtrip(loader.state_dict())
+    loader.close()
+    new_weights = {"math": 0.1, "code": 0.1, "chat": 0.8}
+    resumed = _loader(members, tokenizer, weights=new_weights)
+    resumed.load_state_dict(state, reweight=True)
+    after = _run(resumed, 25)
+    ids = [k for batch in before + after for k in batch["source_ids"]]
+    assert len(ids) == len(set(ids)) == 200  # no member sample twice in its current pass
+    share = Counter(member_of[k] for batch in after for k in batch["source_ids"])
+    assert share["chat"] > share["math"] + share["code"]  # the new weights are in force
+    record = resumed.mixture
+    assert record["history"] == [{"batches": 0, "weights": WEIGHTS}, {"batches": 25, "weights": new_weights}]
+    assert record["batches"] == 50 and sum(record["counts"].values()) == 200
+    saved = resumed.state_dict()
+    assert saved["mixture"]["history"][-1] == {"batches": 25, "weights": new_weights}
+    assert saved["identity"]["mixture"]["chat"]["weight"] == 0.8
+    resumed.close()
