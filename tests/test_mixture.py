@@ -159,3 +159,17 @@ def test_explicit_reweighting_continues_from_each_members_position_without_repea
     assert saved["mixture"]["history"][-1] == {"batches": 25, "weights": new_weights}
     assert saved["identity"]["mixture"]["chat"]["weight"] == 0.8
     resumed.close()
+
+
+
+def test_exact_passes_over_a_metadataset_blend_are_refused(members, tokenizer, tmp_path):
+    from rl_data.preprocess.mixture import write_mixture_file
+
+    for name, dataset in members.items():  # the mixture file's members sit next to it
+        (tmp_path / name).symlink_to(dataset.root)
+    mixture = write_mixture_file(tmp_path / "mixture.yaml", WEIGHTS, ["train"])
+    with pytest.raises(ValueError, match=r"mixture.yaml': a mixture samples its members by weight .* no exact passes"):
+        build_energon_sft_loader(
+            data_config={"energon": {}, "shuffle": True}, source={"path": str(mixture), "split": "train"},
+            processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **SINGLE_RANK_UNPACKED,
+        )

@@ -118,7 +118,7 @@ def _loader_identity(
     mixture source by name (path, weight, index uuid); it replaces the source's member list.
     """
     identity: dict[str, Any] = {
-        "source": source.model_dump(mode="json", exclude={"mixture"}),
+        "source": source.model_dump(mode="json", exclude={"mixture"}),  # members: under "mixture"
         "dataset": {"index_uuid": None if source.is_mixture else _dataset_index_uuid(source.path)},
         "loader": loader_config.identity_dump(),
         "adapter": dict(adapter),

@@ -17,7 +17,10 @@ def train_sft_demo(
     system_prompt_file: Annotated[Optional[Path], typer.Option(help="TaskDataSpec system prompt, added where a conversation has none")] = None,
     data: Annotated[Optional[str], typer.Option(help="prepared Energon dataset (preprocessed into if missing); default: in --work-dir")] = None,
     work_dir: Annotated[Path, typer.Option(help="raw data, dataset, job_config.json")] = Path("outputs/train_sft_demo"),
-    ranks: Annotated[int, typer.Option(min=1, help="logical data-parallel ranks")] = 2,
+    ranks: Annotated[int, typer.Option("--dp", "--ranks", min=1, help="data-parallel ranks (training actors) of run 1")] = 2,
+    logical_shards: Annotated[Optional[int], typer.Option(min=1, help="logical data shards G (rank actors), a multiple of --dp and --resume-dp; default: --dp")] = None,
+    resume_dp: Annotated[Optional[int], typer.Option(min=1, help="data-parallel ranks of run 2, the resumed run (elastic resume); default: --dp")] = None,
+    mixture: Annotated[Optional[str], typer.Option(help="preprocess the task's data as a mixture NAME=WEIGHT,... (rows dealt to the members in turn) and train on it")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="conversations (packs with --packing) per rank per step")] = 4,
     seq_len: Annotated[int, typer.Option(min=16, help="max sequence length (pack capacity with --packing)")] = 1024,
     packing: Annotated[Optional[str], typer.Option(help="packing algorithm, e.g. first_fit_decreasing (default: off)")] = None,
@@ -36,19 +39,22 @@ def train_sft_demo(
 
     from rl_data.jobs.config import TrainDemoConfig
     from rl_data.jobs.sft_demo import run_demo
+    from rl_data.preprocess.mixture import parse_mixture
 
     try:
         config = TrainDemoConfig(
             task=task, tokenizer=tokenizer, data=data,
             prompt_file=None if prompt_file is None else str(prompt_file),
             system_prompt_file=None if system_prompt_file is None else str(system_prompt_file), work_dir=str(work_dir), ranks=ranks, batch_size=batch_size, seq_len=seq_len,
+            logical_shards=logical_shards, resume_ranks=resume_dp, mixture=parse_mixture(mixture) if mixture else None,
             packing=packing, steps=steps, resume_steps=resume_steps,
             checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), namespace=namespace,
             prefetch_depth=prefetch_depth, num_conversations=num_conversations, trainer_gpus=trainer_gpus,
             show_encoding=show_encoding, progress=progress,
         )
-    except ValidationError as error:
-        raise typer.BadParameter("; ".join(e["msg"] for e in error.errors())) from None
+    except (ValidationError, ValueError) as error:
+        messages = [e["msg"] for e in error.errors()] if isinstance(error, ValidationError) else [str(error)]
+        raise typer.BadParameter("; ".join(messages)) from None
     summary = run_demo(config)
     if not summary.passed:
         raise typer.Exit(1)

@@ -28,7 +28,12 @@ class TrainDemoConfig(BaseModel):
     system_prompt_file: Optional[str] = Field(None, description="TaskDataSpec.system_prompt_file")
     data: Optional[str] = Field(None, description="prepared Energon dataset; preprocessed into if missing")
     work_dir: str = Field("outputs/train_sft_demo", description="raw data, dataset, job config")
-    ranks: int = Field(2, ge=1, description="logical data-parallel ranks (rank + training actors)")
+    ranks: int = Field(2, ge=1, description="data-parallel ranks (training actors) of run 1")
+    logical_shards: Optional[int] = Field(None, ge=1, description="logical data shards G (rank actors); default: ranks")
+    resume_ranks: Optional[int] = Field(None, ge=1, description="data-parallel ranks of run 2 (the resumed run); default: ranks")
+    mixture: Optional[dict[str, float]] = Field(
+        None, description="preprocess the task's data as a weighted mixture of members name -> weight (rows "
+        "dealt to the members in turn) and train on it")
     batch_size: int = Field(4, ge=1, description="conversations (or packs) per rank per step")
     seq_len: int = Field(1024, ge=16, description="max sequence length (pack capacity with packing)")
     packing: Optional[str] = Field(None, description="packing algorithm; None: no packing")
@@ -64,6 +69,12 @@ class TrainDemoConfig(BaseModel):
 
     @model_validator(mode="after")
     def _packing_fits_the_task(self) -> "TrainDemoConfig":
+        from rl_data.distributed.shard_map import check_shard_layout
+
+        for dp in (self.ranks, self.dp_of_run(2)):
+            check_shard_layout(self.shards, dp)
+        if self.mixture is not None and (not self.mixture or any(w <= 0 for w in self.mixture.values())):
+            raise ValueError(f"mixture {self.mixture} needs at least one member, every weight > 0")
         task = sft_demo_task(self.task)
         if self.tokenizer != "qwen3" and task.demo.processor_factory != TOKENIZER_FACTORY:
             raise ValueError(
@@ -91,14 +102,37 @@ class TrainDemoConfig(BaseModel):
         return values
 
     @property
-    def dataset_path(self) -> str:
-        """``--data``, or a dataset in the work dir named after the task and its size."""
-        return self.data or str(Path(self.work_dir) / f"dataset-{self.task}-{self.num_conversations}")
+    def shards(self) -> int:
+        """Logical data shards G (rank actors)."""
+        return self.logical_shards or self.ranks
 
-    def runtime_config(self) -> RuntimeConfig:
-        """One rank actor per DP rank, half a CPU each, in a named coordinator."""
+    def dp_of_run(self, run: int) -> int:
+        """DP ranks (training actors) of run 1 or run 2."""
+        return self.ranks if run == 1 else (self.resume_ranks or self.ranks)
+
+    @property
+    def dataset_path(self) -> str:
+        """``--data``, or a dataset in the work dir named after the task and its size (for a
+        mixture, the folder's ``mixture.yaml``)."""
+        if self.data:
+            return self.data
+        name = f"dataset-{self.task}-{self.num_conversations}"
+        if self.mixture:
+            from rl_data.preprocess.mixture import MIXTURE_FILE
+
+            members = "-".join(f"{n}{w:g}" for n, w in self.mixture.items())
+            return str(Path(self.work_dir) / f"{name}-mixture-{members}" / MIXTURE_FILE)
+        return str(Path(self.work_dir) / name)
+
+    @property
+    def is_mixture(self) -> bool:
+        return str(self.dataset_path).endswith((".yaml", ".yml"))
+
+    def runtime_config(self, run: int = 1) -> RuntimeConfig:
+        """``shards`` rank actors, half a CPU each, in a named coordinator, feeding the DP ranks of ``run``."""
         return RuntimeConfig(
-            parallel_layout=ParallelLayout(dp=self.ranks),
+            parallel_layout=ParallelLayout(dp=self.dp_of_run(run)),
+            logical_world_size=self.shards,
             prefetch_depth=self.prefetch_depth,
             bundle_resources={"CPU": RANK_CPUS},
             rank_actor_num_cpus=RANK_CPUS,
@@ -119,9 +153,11 @@ class TrainDemoConfig(BaseModel):
             if getattr(self, key) is not None:
                 data_config[key] = getattr(self, key)  # read here, on the driver: actors get the text
         custom_tokenizer = self.tokenizer != "qwen3"
+        # a mixture repeats its members by weight forever: no exact passes
+        mode = {"epoch_mode": "virtual"} if self.is_mixture else {}
         return LoaderSpec(
             data_config=data_config,
-            source={"path": self.dataset_path, "split": "train", "virtual_epoch_length": 100},
+            source={"path": self.dataset_path, "split": "train", "virtual_epoch_length": 100, **mode},
             batch_size=self.batch_size,
             max_sequence_length=self.seq_len,
             packing_algorithm=self.packing,

@@ -38,8 +38,10 @@ def prepare_dataset(config: TrainDemoConfig) -> PreparedDataset:
     from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 
     path = Path(config.dataset_path)
-    if is_energon_dataset(path):
+    if is_energon_dataset(path) or (config.is_mixture and path.is_file()):
         return PreparedDataset(str(path))
+    if config.is_mixture and config.mixture is None:
+        raise ValueError(f"--data {path} is not a mixture file; pass the mixture.yaml written by `rl-data preprocess --mixture`")
     if path.exists():
         raise ValueError(
             f"--data {path} exists but is not an Energon dataset (no .nv-meta folder); pass a "
@@ -49,6 +51,8 @@ def prepare_dataset(config: TrainDemoConfig) -> PreparedDataset:
     task = sft_demo_task(config.task)
     raw = Path(config.work_dir) / "raw" / f"{task.name}-{config.num_conversations}.jsonl"
     rows = task.demo.write_raw_rows(raw, config.num_conversations)
+    if config.mixture:
+        return _prepare_mixture(config, task, raw, rows)
     summary = run_preprocess(
         PreprocessConfig(
             inputs=[str(raw)],
@@ -62,3 +66,26 @@ def prepare_dataset(config: TrainDemoConfig) -> PreparedDataset:
         )
     )
     return PreparedDataset(str(path), summary)
+
+
+def _prepare_mixture(config: TrainDemoConfig, task: Any, raw: Path, rows: int) -> PreparedDataset:
+    """Deal the raw rows to the mixture members in turn and preprocess them as one mixture."""
+    from rl_data.preprocess.mixture import run_mixture_preprocess
+    from rl_data.preprocess.pipeline import PreprocessConfig
+
+    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
+    names = list(config.mixture)
+    inputs = []
+    for index, name in enumerate(names):
+        member = raw.with_name(f"{name}.jsonl")
+        member.write_text("".join(lines[index :: len(names)]), encoding="utf-8")
+        inputs.append(str(member))
+    summary = run_mixture_preprocess(
+        PreprocessConfig(
+            inputs=inputs, output=str(Path(config.dataset_path).parent), adapter=task.demo.adapter, task=task.name,
+            tokenizer=config.tokenizer, target_shard_rows=max(4, rows // (16 * len(names))),
+            splits={"train": 0.8, "val": 0.1, "test": 0.1}, progress=config.progress,
+        ),
+        dict(config.mixture),
+    )
+    return PreparedDataset(summary.mixture_file, summary)

@@ -26,7 +26,12 @@ class ClusterInfo:
 
 def local_cpus(config: TrainDemoConfig) -> int:
     """CPU slots for a local cluster of the SFT main job (see :func:`local_cpus_for`)."""
-    return local_cpus_for(config.ranks * (RANK_CPUS + TRAINER_CPUS))
+    return local_cpus_for(reserved_cpus(config))
+
+
+def reserved_cpus(config: TrainDemoConfig) -> float:
+    """CPU slots the SFT job holds at once: its rank actors and the larger run's training actors."""
+    return config.shards * RANK_CPUS + max(config.dp_of_run(1), config.dp_of_run(2)) * TRAINER_CPUS
 
 
 def local_cpus_for(reserved_cpus: float) -> int:
@@ -35,8 +40,8 @@ def local_cpus_for(reserved_cpus: float) -> int:
 
 
 def connect(config: TrainDemoConfig) -> ClusterInfo:
-    """:func:`connect_to_ray` for the SFT main job (its rank and training actors)."""
-    return connect_to_ray(config.namespace, reserved_cpus=config.ranks * (RANK_CPUS + TRAINER_CPUS))
+    """:func:`connect_to_ray` for the SFT main job (see :func:`reserved_cpus`)."""
+    return connect_to_ray(config.namespace, reserved_cpus=reserved_cpus(config))
 
 
 def connect_to_ray(namespace: str, *, reserved_cpus: float) -> ClusterInfo:

@@ -23,7 +23,7 @@ from rich.console import Console
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.jobs.config import TrainDemoConfig
-from rl_data.jobs.exactness import compare_continuation
+from rl_data.jobs.exactness import compare_continuation, compare_global_continuation
 from rl_data.jobs.ray_cluster import connect, trainer_gpus
 from rl_data.jobs.steps import StepRecord, run_steps
 from rl_data.jobs.summary import DemoSummary, print_summary, step_totals
@@ -40,7 +40,8 @@ def run_demo(config: TrainDemoConfig, console: Optional[Console] = None) -> Demo
     started = time.perf_counter()
     cluster = connect(config)
     console.print(
-        f"[bold]train_sft_demo[/bold]: task {config.task}, {config.ranks} ranks x batch {config.batch_size}, "
+        f"[bold]train_sft_demo[/bold]: task {config.task}, {config.shards} logical shards x batch {config.batch_size} "
+        f"fed to {config.ranks} DP ranks (run 2: {config.dp_of_run(2)}), "
         f"seq len {config.seq_len}, packing {config.packing or 'off'}; Ray with {cluster.cpus:g} CPUs, "
         f"{cluster.gpus:g} GPUs; dashboard {cluster.dashboard_url or 'off'}"
     )
@@ -69,16 +70,17 @@ def run_demo(config: TrainDemoConfig, console: Optional[Console] = None) -> Demo
         reference = _steps(console, config, coordinator, trainers, config.resume_steps, "run 1, reference")
         skipped = _skipped_samples(coordinator, config.step_timeout_s)
 
-    console.rule(f"3. run 2: fresh actors restore step {config.steps} and run {config.resume_steps} steps")
-    with _training_run(config, runtime, spec, gpus, pad_token_id, "run2") as (coordinator, trainers):
+    console.rule(
+        f"3. run 2: fresh actors ({config.dp_of_run(2)} DP ranks) restore step {config.steps} and run {config.resume_steps} steps"
+    )
+    with _training_run(config, config.runtime_config(2), spec, gpus, pad_token_id, "run2") as (coordinator, trainers):
         restored = _load_checkpoint(coordinator, config)
         console.print(f"restored step {restored} from {checkpoint} at {time.perf_counter() - started:.1f} s")
         resumed = _steps(console, config, coordinator, trainers, config.resume_steps, "run 2, resumed")
         skipped += _skipped_samples(coordinator, config.step_timeout_s)
 
-    check = compare_continuation(
-        [(r.step, r.source_ids) for r in reference], [(r.step, r.source_ids) for r in resumed]
-    )
+    compare = compare_continuation if config.dp_of_run(2) == config.ranks else compare_global_continuation
+    check = compare([(r.step, r.source_ids) for r in reference], [(r.step, r.source_ids) for r in resumed])
     summary = DemoSummary(
         task=config.task,
         dataset=dataset.path,
@@ -122,7 +124,7 @@ def _training_run(
 
     # Training actors start (import torch, build the model) while the rank actors build loaders.
     trainers = start_trainers(
-        config.ranks, pad_token_id=pad_token_id, num_gpus=gpus, namespace=runtime.namespace, name_prefix=f"{runtime.name}.{label}"
+        runtime.parallel_layout.dp, pad_token_id=pad_token_id, num_gpus=gpus, namespace=runtime.namespace, name_prefix=f"{runtime.name}.{label}"
     )
     coordinator = None
     try:

@@ -92,9 +92,11 @@ def write_mixture_file(path: Path, weights: dict[str, float], splits: list[str])
     """The Energon metadataset blending the member folders next to ``path`` by weight."""
     import yaml
 
-    blend = [{"weight": weight, "path": name} for name, weight in weights.items()]
+    def blend() -> list[dict[str, Any]]:  # a new list per split: YAML aliases would confuse Energon
+        return [{"weight": weight, "path": name} for name, weight in weights.items()]
+
     config = {"__module__": "megatron.energon", "__class__": "MetadatasetV2",
-              "splits": {split: {"blend": blend} for split in splits}}
+              "splits": {split: {"blend": blend()} for split in splits}}
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
