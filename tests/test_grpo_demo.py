@@ -28,7 +28,7 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     from rl_data.jobs.grpo.demo import run_grpo_demo
 
     config = GRPODemoConfig(
-        work_dir=str(tmp_path / "work"), num_prompts=48, epochs=3, workers=3, groups_per_step=3,
+        work_dir=str(tmp_path / "work"), num_prompts=48, epochs=3, workers=3, groups_per_step=3, dp=2, resume_dp=1,
         checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=7, failure_rate=0.1,
         namespace=NAMESPACE, feed_name="grpo-test-feed", progress=False, timeout_s=TIMEOUT_S,
     )  # fmt: skip
@@ -44,9 +44,34 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     assert sum(a.dropped.get("uniform_reward", 0) for a in summary.accounts) > 0  # dynamic sampling happened
     c = summary.counters
     # the chaos happened and its prompts came back: killed worker, failed generations, rolled-back steps
-    assert any("died: released its" in e for e in c.events) and any("killed every actor" in e for e in c.events)
+    assert any("died: released its" in e for e in c.events)
+    assert any("killed every actor; restored step 6 on 1 DP trainer rank(s)" in e for e in c.events)  # 2 -> 1 ranks
     assert c.failed > 0 and c.regenerated > 0 and c.rolled_back > 0
     assert c.feed_totals["released"] >= c.failed + c.released_by_supervisor
     assert summary.final_step >= 7
     assert "PASS: 3 epochs x 48 prompts: 0 duplicated, 0 missing" in " ".join(text.split())
     assert "prompt accounting per epoch" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_data_parallel_step_equals_the_single_rank_step(ray_session):
+    import torch
+
+    from rl_data.jobs.grpo.actors import PolicyTrainer
+    from rl_data.jobs.grpo.demo import train_data_parallel
+    from rl_data.jobs.grpo.policy import StandInPolicy
+    from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
+
+    ray = ray_session
+    policy = StandInPolicy(seed=1, group_size=4)
+    groups = [{"uid": (0, i), "prompt_ids": [11, 12, 13 + i], "responses": policy.responses(f"k{i}", "7"),
+               "rewards": [float(r.endswith("#### 7")) for r in policy.responses(f"k{i}", "7")]} for i in range(5)]
+    trainer = ray.remote(PolicyTrainer).options(num_cpus=0)
+    single, pair = [trainer.remote(load_qwen3_tokenizer, 0)], [trainer.remote(load_qwen3_tokenizer, 0) for _ in range(2)]
+    one = train_data_parallel(single, groups, TIMEOUT_S)
+    two = train_data_parallel(pair, groups, TIMEOUT_S)  # groups 0, 2, 4 on rank 0; 1, 3 on rank 1
+    assert one["tokens"] == two["tokens"] and abs(one["loss"] - two["loss"]) < 1e-6
+    weights = ray.get([t.state_dict.remote() for t in single + pair], timeout=TIMEOUT_S)
+    for name in ("embed", "head"):
+        for key, value in weights[0][name].items():
+            assert torch.allclose(value, weights[1][name][key], atol=1e-6) and torch.equal(weights[1][name][key], weights[2][name][key])

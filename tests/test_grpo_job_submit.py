@@ -22,6 +22,6 @@ def test_ray_job_submit_runs_the_grpo_demo_through_its_chaos_and_it_passes(tmp_p
     assert status == "SUCCEEDED", logs[-6000:]
     text = " ".join(logs.split())
     assert "PASS: 2 epochs x 32 prompts: 0 duplicated, 0 missing" in text, logs[-6000:]
-    for expected in ("killed rollout worker", "killed every actor; restored step 3", "prompt accounting per epoch"):
+    for expected in ("killed rollout worker", "killed every actor; restored step 3 on 1 DP trainer rank(s)", "prompt accounting per epoch"):
         assert expected in text, expected
     assert (work / "checkpoint" / "latest").is_file() and (work / "prompts-32" / ".nv-meta").is_dir()

@@ -6,9 +6,11 @@ longest rollout is done, and returns the groups in the order they finished), sco
 response against the prompt's ``extra_env_info["ground_truth"]`` with Math-Verify
 (:func:`rl_data.rewards.math_reward`) and releases the prompts whose generation failed.
 
-:class:`PolicyTrainer` takes the groups of one step and makes one GRPO update of a tiny
-hashed-bigram language model over the response tokens: advantages are each group's rewards
-minus their mean, over their standard deviation. It is small on purpose; the data flow is real.
+:class:`PolicyTrainer` is one data-parallel rank of the trainer: it computes the GRPO gradients
+of its share of a step's groups for a tiny hashed-bigram language model over the response
+tokens (advantages: each group's rewards minus their mean, over their standard deviation); the
+driver averages the ranks' gradients (an all-reduce) and every rank applies the mean, so all
+ranks hold the same weights. Small on purpose; the data flow is real.
 """
 
 from __future__ import annotations
@@ -78,13 +80,14 @@ class PolicyTrainer:
         self._tokenizer = tokenizer_factory()
         self._embed = torch.nn.Embedding(BUCKETS, EMBED_DIM)
         self._head = torch.nn.Linear(EMBED_DIM, BUCKETS)
-        self._optimizer = torch.optim.SGD([*self._embed.parameters(), *self._head.parameters()], lr=0.1)
+        self._optimizer = torch.optim.SGD(self._parameters(), lr=0.1)
 
     def ready(self) -> bool:
         return True
 
-    def train_step(self, groups: list[dict[str, Any]]) -> dict[str, float]:
-        """One GRPO update on ``groups``; returns loss, mean reward and response tokens."""
+    def gradients(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """The GRPO loss of ``groups`` (this DP rank's share of a step), its gradients (mean over
+        the share's responses), the mean reward and the response tokens; nothing is applied."""
         import torch
 
         losses, tokens, rewards = [], 0, []
@@ -100,11 +103,21 @@ class PolicyTrainer:
                 losses.append(-a * token_log_probs.mean())
                 tokens += len(ids) - 1
             rewards += group["rewards"]
-        loss = torch.stack(losses).mean()
         self._optimizer.zero_grad()
+        loss = torch.stack(losses).mean()
         loss.backward()
+        grads = [p.grad.detach().clone() for p in self._parameters()]
+        return {"grads": grads, "responses": len(losses), "loss": float(loss), "reward_sum": float(sum(rewards)), "tokens": tokens}
+
+    def apply(self, grads: list[Any]) -> None:
+        """One optimizer step with ``grads`` (the all-reduced mean over the DP ranks)."""
+        for parameter, grad in zip(self._parameters(), grads):
+            parameter.grad = grad.clone()
         self._optimizer.step()
-        return {"loss": float(loss), "mean_reward": sum(rewards) / len(rewards), "tokens": tokens}
+        self._optimizer.zero_grad()
+
+    def _parameters(self) -> list[Any]:
+        return [*self._embed.parameters(), *self._head.parameters()]
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state (tensors and plain values: loads with ``weights_only=True``)."""

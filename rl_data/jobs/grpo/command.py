@@ -15,7 +15,9 @@ def grpo_demo(
     data: Annotated[Optional[str], typer.Option(help="prepared rl_prompt Energon dataset (default: generated word problems in --work-dir)")] = None,
     work_dir: Annotated[Path, typer.Option(help="raw prompts, dataset, checkpoints")] = Path("outputs/grpo_demo"),
     num_prompts: Annotated[int, typer.Option(min=8, help="generated word problems (a multiple of ranks x batch size)")] = 96,
-    ranks: Annotated[int, typer.Option(min=1, help="rank actors reading the prompts")] = 2,
+    ranks: Annotated[int, typer.Option("--logical-shards", "--ranks", min=1, help="rank actors reading the prompts (the feed's producers)")] = 2,
+    dp: Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks")] = 1,
+    resume_dp: Annotated[Optional[int], typer.Option(min=1, help="trainer ranks after the kill-everything restore (default: --dp)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="prompts per rank-actor batch")] = 4,
     seq_len: Annotated[int, typer.Option(min=16, help="longer prompts are filtered out (counted)")] = 512,
     system_prompt: Annotated[str, typer.Option(help="TaskDataSpec system prompt ('' for none)")] = DEFAULT_SYSTEM_PROMPT,
@@ -43,7 +45,7 @@ def grpo_demo(
 
     try:
         config = GRPODemoConfig(
-            data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, batch_size=batch_size,
+            data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, dp=dp, resume_dp=resume_dp, batch_size=batch_size,
             seq_len=seq_len, system_prompt=system_prompt or None, workers=workers, group_size=group_size,
             prompts_per_call=prompts_per_call, groups_per_step=groups_per_step, max_outstanding=max_outstanding,
             epochs=epochs, checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,

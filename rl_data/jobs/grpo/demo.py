@@ -85,17 +85,21 @@ class _Actors:
 
         self._worker_class = ray.remote(RolloutWorker)
         self._policy = policy
-        self.trainer = (
-            ray.remote(PolicyTrainer)
-            .options(num_cpus=TRAINER_CPUS, max_restarts=0)
-            .remote(config.loader_spec().load_processor_factory(), config.seed)
-        )
+        factory = config.loader_spec().load_processor_factory()
+        self.dp = config.resume_dp if lifetime and config.resume_dp else config.dp
+        self.trainers = [
+            ray.remote(PolicyTrainer).options(num_cpus=TRAINER_CPUS, max_restarts=0).remote(factory, config.seed)
+            for _ in range(self.dp)
+        ]
         self.feed = start_prompt_feed(config.runtime_config(), config.loader_spec(), config.feed_config())
         self.client = attach_feed(config.feed_name, config.namespace, timeout_s=config.timeout_s).trainer
         self.incarnations: Counter = Counter()
         self.workers: dict[str, Any] = {}
         self.calls: dict[Any, str] = {}  # in-flight generate call -> worker name
-        ray.get(self.trainer.ready.remote(), timeout=config.timeout_s)
+        ray.get([t.ready.remote() for t in self.trainers], timeout=config.timeout_s)
+        if self.dp > 1:  # one model: the ranks start from rank 0's weights
+            state = ray.get(self.trainers[0].state_dict.remote(), timeout=config.timeout_s)
+            ray.get([t.load_state_dict.remote(state) for t in self.trainers[1:]], timeout=config.timeout_s)
 
     def start_workers(self) -> None:
         """Start the rollout workers; each keeps one ``generate`` call in flight from now on."""
@@ -128,7 +132,7 @@ class _Actors:
         names = []
         with contextlib.suppress(Exception):
             names = ray.get(self.feed.status.remote(), timeout=self.config.timeout_s)["rank_actor_names"]
-        for actor in [self.feed, self.trainer, *self.workers.values()]:
+        for actor in [self.feed, *self.trainers, *self.workers.values()]:
             ray.kill(actor, no_restart=True)
         for name in names:
             with contextlib.suppress(ValueError):
@@ -149,12 +153,13 @@ def run_grpo_demo(config: GRPODemoConfig, console: Optional[Console] = None) -> 
 
     console = console or Console(width=None if os.isatty(1) else 160)
     started = time.perf_counter()
-    cpus = config.ranks * 0.5 + config.workers * WORKER_CPUS + TRAINER_CPUS
+    cpus = config.ranks * 0.5 + config.workers * WORKER_CPUS + max(config.dp, config.resume_dp or 0) * TRAINER_CPUS
     cluster = connect_to_ray(config.namespace, reserved_cpus=cpus)
     console.print(
-        f"[bold]grpo_demo[/bold]: {config.ranks} rank actors, {config.workers} rollout workers x "
+        f"[bold]grpo_demo[/bold]: {config.ranks} rank actors (logical shards), {config.workers} rollout workers x "
         f"{config.prompts_per_call} prompts per call, groups of {config.group_size}, {config.groups_per_step} "
-        f"groups per step, window {config.max_outstanding}; Ray with {cluster.cpus:g} CPUs; dashboard "
+        f"groups per step on {config.dp} DP ranks (after the restore: {config.resume_dp or config.dp}), window "
+        f"{config.max_outstanding}; Ray with {cluster.cpus:g} CPUs; dashboard "
         f"{cluster.dashboard_url or 'off'}"
     )
     console.rule("1. prompts")
@@ -182,13 +187,13 @@ def run_grpo_demo(config: GRPODemoConfig, console: Optional[Console] = None) -> 
             lifetime += 1
             restored_step, restored = _load_trainer_checkpoint(config)
             counters.rolled_back += len(record.resolutions) - len(restored.resolutions)
-            counters.events.append(
-                f"after step {step}: killed every actor; restored step {restored_step} "
-                f"({len(record.resolutions) - len(restored.resolutions)} resolutions rolled back with the model)"
-            )
-            console.print(f"[red]chaos[/red]: {counters.events[-1]}")
             actors = _Actors(config, lifetime)
             _restore(actors, config)
+            counters.events.append(
+                f"after step {step}: killed every actor; restored step {restored_step} on {actors.dp} DP trainer "
+                f"rank(s) ({len(record.resolutions) - len(restored.resolutions)} resolutions rolled back with the model)"
+            )
+            console.print(f"[red]chaos[/red]: {counters.events[-1]}")
             actors.start_workers()
             loop = _Loop(config, console, actors, counters, restored, expected=len(expected_keys), chaos=False)
             step = restored_step
@@ -299,7 +304,7 @@ class _Loop:
         import ray
 
         groups, self.buffer = self.buffer[: self.config.groups_per_step], self.buffer[self.config.groups_per_step :]
-        metrics = ray.get(self.actors.trainer.train_step.remote(groups), timeout=self.config.timeout_s)
+        metrics = train_data_parallel(self.actors.trainers, groups, self.config.timeout_s)
         self.actors.client.ack([g["uid"] for g in groups])
         self.step += 1
         self.counters.steps += 1
@@ -308,7 +313,8 @@ class _Loop:
         epochs = sorted({g["uid"][0] for g in groups})
         if self.config.progress:
             self.console.print(
-                f"step {self.step}: {len(groups)} groups of epoch(s) {epochs}, mean reward {metrics['mean_reward']:.2f}, "
+                f"step {self.step}: {len(groups)} groups of epoch(s) {epochs} on {len(self.actors.trainers)} DP ranks, "
+                f"mean reward {metrics['mean_reward']:.2f}, "
                 f"loss {metrics['loss']:+.4f}, resolved per epoch {[self.resolved[e] for e in range(self.config.epochs)]}"
             )
 
@@ -322,6 +328,24 @@ class _Loop:
         name = next(iter(self.actors.calls.values()))
         ray.kill(self.actors.workers[name], no_restart=True)
         self.console.print(f"[red]chaos[/red]: after step {self.step}: killed rollout worker {name} mid-call")
+
+
+def train_data_parallel(trainers: list[Any], groups: list[dict[str, Any]], timeout_s: float) -> dict[str, float]:
+    """One GRPO step on ``len(trainers)`` DP ranks: DP rank d takes groups d, d+D, ...; the
+    gradients are averaged over all responses (an all-reduce done here) and applied on every rank."""
+    import ray
+
+    shares = [groups[d :: len(trainers)] for d in range(len(trainers))]
+    busy = [(t, share) for t, share in zip(trainers, shares) if share]
+    results = ray.get([t.gradients.remote(share) for t, share in busy], timeout=timeout_s)
+    total = sum(r["responses"] for r in results)
+    mean = [sum(r["grads"][i] * (r["responses"] / total) for r in results) for i in range(len(results[0]["grads"]))]
+    ray.get([t.apply.remote(mean) for t in trainers], timeout=timeout_s)
+    return {
+        "loss": sum(r["loss"] * r["responses"] for r in results) / total,
+        "mean_reward": sum(r["reward_sum"] for r in results) / total,
+        "tokens": sum(r["tokens"] for r in results),
+    }
 
 
 def _prepare_prompts(config: GRPODemoConfig, console: Console) -> list[str]:
@@ -363,7 +387,7 @@ def _save_checkpoint(actors: _Actors, config: GRPODemoConfig, step: int, record:
 
     folder = Path(config.checkpoint_dir) / f"step_{step:06d}"
     actors.client.save_checkpoint(str(folder / "feed"))
-    model = ray.get(actors.trainer.state_dict.remote(), timeout=config.timeout_s)
+    model = ray.get(actors.trainers[0].state_dict.remote(), timeout=config.timeout_s)  # every rank holds the same
     save_checkpoint_file(checkpoint_path(folder / "trainer"), {"step": step, "record": record.to_json(), "model": model})
     latest = Path(config.checkpoint_dir) / LATEST
     tmp = latest.with_suffix(".tmp")
@@ -393,7 +417,7 @@ def _restore(actors: _Actors, config: GRPODemoConfig) -> None:
     folder = _latest_folder(config)
     actors.client.load_checkpoint(str(folder / "feed"))
     model = load_checkpoint_file(checkpoint_path(folder / "trainer"))["model"]
-    ray.get(actors.trainer.load_state_dict.remote(model), timeout=config.timeout_s)
+    ray.get([t.load_state_dict.remote(model) for t in actors.trainers], timeout=config.timeout_s)
 
 
 def print_summary(summary: GRPOSummary, console: Console) -> None:
