@@ -75,3 +75,28 @@ def test_a_data_parallel_step_equals_the_single_rank_step(ray_session):
     for name in ("embed", "head"):
         for key, value in weights[0][name].items():
             assert torch.allclose(value, weights[1][name][key], atol=1e-6) and torch.equal(weights[1][name][key], weights[2][name][key])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_demo_on_a_mixture_resolves_the_first_prompts_of_its_endless_epoch_exactly_once(ray_session, tmp_path):
+    from rl_data.jobs.grpo.demo import run_grpo_demo
+
+    config = GRPODemoConfig(
+        work_dir=str(tmp_path / "work"), num_prompts=40, mixture={"easy": 0.7, "hard": 0.3}, prompts=60, workers=2,
+        groups_per_step=3, checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=5, dp=1, resume_dp=2,
+        namespace=NAMESPACE, feed_name="grpo-mixture-feed", progress=False, timeout_s=TIMEOUT_S,
+    )  # fmt: skip
+    assert config.loader_spec().source.epoch_mode == "virtual" and config.prompt_target == 60
+    out = io.StringIO()
+    summary = run_grpo_demo(config, Console(file=out, width=200))
+    text = " ".join(out.getvalue().split())
+    assert summary.passed, out.getvalue()
+    [account] = summary.accounts
+    assert (account.epoch, account.expected, account.duplicates, account.missing, account.unexpected) == (0, 60, 0, 0, 0)
+    assert "PASS: the first 60 prompts of the mixture's endless epoch: 0 duplicated, 0 missing" in text
+    counts = summary.mixture_counts
+    assert set(counts) == {"easy", "hard"} and counts["easy"] > counts["hard"]  # 70 / 30 by weight
+    assert "killed every actor; restored step 3 on 2 DP trainer rank(s)" in text
+    with pytest.raises(ValueError, match="a mixture is made of the generated prompts"):
+        GRPODemoConfig(work_dir=str(tmp_path), data="/d", mixture={"a": 1.0})

@@ -143,10 +143,11 @@ def _kill_feed(ray: Any, handle: Any, config: RuntimeConfig) -> None:
 
 def test_the_feed_refuses_loaders_that_are_not_rl_prompts_in_exact_passes(tmp_path):
     check_prompt_spec(_spec(str(tmp_path)))
-    with pytest.raises(ValueError, match=r"epoch_mode 'virtual' and virtual_epoch_length 5, expected 'exact' and 0"):
-        check_prompt_spec(_spec(str(tmp_path), epoch_mode="virtual", virtual_epoch_length=5))
+    check_prompt_spec(_spec(str(tmp_path), epoch_mode="virtual", virtual_epoch_length=5))  # one endless epoch
+    with pytest.raises(ValueError, match=r"epoch_mode 'exact' and virtual_epoch_length 5, expected 0"):
+        check_prompt_spec(_spec(str(tmp_path), virtual_epoch_length=5))
     validation = _spec(str(tmp_path)).model_copy(update={"split_role": "validation"})
-    with pytest.raises(ValueError, match=r"^a prompt feed needs RL prompts in exact passes: split_role is 'validation'"):
+    with pytest.raises(ValueError, match=r"^a prompt feed needs RL prompts in exact passes or one endless epoch: split_role is 'validation'"):
         check_prompt_spec(validation)
     sft = LoaderSpec(data_config={"energon": {"task_encoder": "chat_sft"}}, source={"path": str(tmp_path), "split": "train"},
                      batch_size=BATCH, max_sequence_length=256)

@@ -17,7 +17,9 @@ the ledger's (see :mod:`rl_data.prompt_feed.ledger`):
   or none (the window stayed full). It never waits for data beyond the producers' own latency;
 * the checkpoint (``save_checkpoint``) is the producers' state at the low-water mark plus the
   resolved uids above it; ``load_checkpoint`` into a fresh feed hands out again every prompt
-  unresolved at checkpoint time, in uid order, never a resolved one. Epochs are exact passes.
+  unresolved at checkpoint time, in uid order, never a resolved one. Epochs are exact passes;
+  a source in ``virtual`` mode (a mixture of datasets, which has no passes) is one endless
+  epoch 0, and every uid ``(0, position)`` is still handed out, resolved and restored exactly once.
 
 Runtime:
 
@@ -86,19 +88,20 @@ class FeedConfig(BaseModel):
 
 
 def check_prompt_spec(spec: LoaderSpec) -> None:
-    """Refuse a loader that does not read ``rl_prompt`` training data in exact passes."""
+    """Refuse a loader that does not read ``rl_prompt`` training data in exact passes (epoch e =
+    pass e) or in ``virtual`` mode (one endless epoch 0: what a mixture of datasets gives)."""
     problems = []
     if spec.data_config.energon.task_encoder != PROMPT_TASK:
         problems.append(f"data_config.energon.task_encoder is {spec.data_config.energon.task_encoder!r}, expected {PROMPT_TASK!r}")
     if spec.split_role != "train":
         problems.append(f"split_role is {spec.split_role!r}, expected 'train'")
-    if spec.source.epoch_mode != "exact" or spec.source.virtual_epoch_length != 0:
+    if spec.source.epoch_mode == "exact" and spec.source.virtual_epoch_length != 0:
         problems.append(
-            f"source has epoch_mode {spec.source.epoch_mode!r} and virtual_epoch_length "
-            f"{spec.source.virtual_epoch_length}, expected 'exact' and 0 (one pass per epoch)"
+            f"source has epoch_mode 'exact' and virtual_epoch_length {spec.source.virtual_epoch_length}, "
+            "expected 0 (one pass per epoch), or epoch_mode 'virtual' (one endless epoch)"
         )
     if problems:
-        raise ValueError("a prompt feed needs RL prompts in exact passes: " + "; ".join(problems))
+        raise ValueError("a prompt feed needs RL prompts in exact passes or one endless epoch: " + "; ".join(problems))
 
 
 def holds_actor_name(name: str, namespace: str) -> bool:

@@ -9,6 +9,9 @@ are not duplicates). :func:`epoch_accounts` checks it three ways, per finished e
 2. against itself: no uid and no prompt key resolved twice in an epoch (**duplicates**), no
    prompt of the pass left unresolved (**missing**);
 3. against the **feed**: its per-epoch ``acked``/``dropped`` counts equal the record's.
+
+A mixture source has no passes: it is one endless epoch 0, checked by :func:`stream_account`
+over its first N positions against the producers' merged stream.
 """
 
 from __future__ import annotations
@@ -100,3 +103,27 @@ def epoch_accounts(
             ),
         ))  # fmt: skip
     return accounts
+
+
+def stream_account(
+    record: TrainingRecord, expected_keys: list[str], feed_epochs: Iterable[Mapping[str, Any]]
+) -> EpochAccount:
+    """The accounting of the first ``len(expected_keys)`` prompts of one endless epoch 0 (a
+    mixture source has no passes): position p must be resolved exactly once, with key
+    ``expected_keys[p]`` (the merged stream of the producers' loaders, read directly)."""
+    feed = {e["epoch"]: e for e in feed_epochs}.get(0, {})
+    mine = [r for r in record.resolutions if r.uid[0] == 0]
+    positions = Counter(r.uid[1] for r in mine)
+    outcomes = Counter(r.outcome for r in mine)
+    trained = outcomes.pop(TRAINED, 0)
+    wanted = range(len(expected_keys))
+    return EpochAccount(
+        epoch=0,
+        expected=len(expected_keys),
+        trained=trained,
+        dropped=dict(sorted(outcomes.items())),
+        duplicates=sum(n - 1 for n in positions.values()),
+        missing=sum(1 for p in wanted if p not in positions),
+        unexpected=sum(1 for r in mine if r.uid[1] < len(expected_keys) and r.key != expected_keys[r.uid[1]]),
+        feed_agrees=feed.get("acked") == trained and feed.get("dropped", {}) == dict(outcomes),
+    )

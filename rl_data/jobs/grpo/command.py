@@ -27,6 +27,8 @@ def grpo_demo(
     groups_per_step: Annotated[int, typer.Option(min=1, help="trained groups per step")] = 4,
     max_outstanding: Annotated[int, typer.Option(min=1, help="the feed's window of prompts out at once")] = 24,
     epochs: Annotated[int, typer.Option(min=1, help="run until this many epochs are resolved")] = 3,
+    mixture: Annotated[Optional[str], typer.Option(help="deal the prompts to a weighted mixture NAME=WEIGHT,...: one endless epoch, the first --prompts prompts are resolved")] = None,
+    prompts: Annotated[Optional[int], typer.Option(min=1, help="with --mixture: prompts to resolve (default --num-prompts x --epochs)")] = None,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="steps between checkpoints")] = 3,
     kill_worker_at_step: Annotated[int, typer.Option(min=0, help="kill a rollout worker after this step (0: never)")] = 4,
     kill_all_at_step: Annotated[int, typer.Option(min=0, help="kill every actor after this step and restore (0: never)")] = 11,
@@ -42,17 +44,19 @@ def grpo_demo(
 
     from rl_data.jobs.grpo.config import GRPODemoConfig
     from rl_data.jobs.grpo.demo import run_grpo_demo
+    from rl_data.preprocess.mixture import parse_mixture
 
     try:
         config = GRPODemoConfig(
             data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, dp=dp, resume_dp=resume_dp, batch_size=batch_size,
             seq_len=seq_len, system_prompt=system_prompt or None, workers=workers, group_size=group_size,
             prompts_per_call=prompts_per_call, groups_per_step=groups_per_step, max_outstanding=max_outstanding,
-            epochs=epochs, checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,
+            epochs=epochs, mixture=parse_mixture(mixture) if mixture else None, prompts=prompts, checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,
             kill_all_at_step=kill_all_at_step or None, failure_rate=failure_rate, latency_s=latency_s, seed=seed,
             namespace=namespace, feed_name=feed_name, progress=progress,
         )  # fmt: skip
-    except ValidationError as error:
-        raise typer.BadParameter("; ".join(e["msg"] for e in error.errors())) from None
+    except (ValidationError, ValueError) as error:
+        messages = [e["msg"] for e in error.errors()] if isinstance(error, ValidationError) else [str(error)]
+        raise typer.BadParameter("; ".join(messages)) from None
     if not run_grpo_demo(config).passed:
         raise typer.Exit(1)

@@ -36,6 +36,10 @@ class GRPODemoConfig(BaseModel):
     groups_per_step: int = Field(4, ge=1, description="trained groups per step")
     max_outstanding: int = Field(24, ge=1, description="the feed's window: prompts out at once (oversampling bound)")
     epochs: int = Field(3, ge=1, description="run until this many epochs are resolved")
+    mixture: Optional[dict[str, float]] = Field(
+        None, description="deal the generated prompts to weighted mixture members (name -> weight); a mixture has "
+        "no passes: the feed is one endless epoch and the run resolves the first --prompts prompts")
+    prompts: Optional[int] = Field(None, ge=1, description="with a mixture: prompts to resolve (default num_prompts x epochs)")
     checkpoint_every: int = Field(3, ge=1, description="steps between checkpoints")
     kill_worker_at_step: Optional[int] = Field(4, ge=1, description="kill a rollout worker mid-call after this step (None: never)")
     kill_all_at_step: Optional[int] = Field(11, ge=1, description="kill every actor after this step, restore the last checkpoint (None: never)")
@@ -55,7 +59,9 @@ class GRPODemoConfig(BaseModel):
     @model_validator(mode="after")
     def _checks(self) -> "GRPODemoConfig":
         share = self.ranks * self.batch_size
-        if self.data is None and self.num_prompts % share:
+        if self.mixture is not None and (self.data is not None or not self.mixture or min(self.mixture.values()) <= 0):
+            raise ValueError("a mixture is made of the generated prompts: leave --data unset and give weights > 0")
+        if self.data is None and self.mixture is None and self.num_prompts % share:
             raise ValueError(
                 f"num_prompts {self.num_prompts} is not a multiple of ranks x batch_size = {share}; each "
                 f"epoch would drop the last partial batch of a rank; use {self.num_prompts // share * share or share}"
@@ -69,7 +75,16 @@ class GRPODemoConfig(BaseModel):
 
     @property
     def dataset_path(self) -> str:
+        """The dataset, or for a mixture the folder of its members."""
+        if self.mixture:
+            members = "-".join(f"{n}{w:g}" for n, w in self.mixture.items())
+            return str(Path(self.work_dir) / f"prompts-{self.num_prompts}-mixture-{members}")
         return self.data or str(Path(self.work_dir) / f"prompts-{self.num_prompts}")
+
+    @property
+    def prompt_target(self) -> int:
+        """With a mixture: how many prompts (uids (0, 0..N-1)) the run resolves."""
+        return self.prompts or self.num_prompts * self.epochs
 
     @property
     def checkpoint_dir(self) -> str:
@@ -97,9 +112,13 @@ class GRPODemoConfig(BaseModel):
         }
         if self.system_prompt:
             data_config["system_prompt"] = self.system_prompt
+        source: dict[str, Any] = {"path": self.dataset_path, "split": "train", "epoch_mode": "exact", "virtual_epoch_length": 0}
+        if self.mixture:  # no passes: one endless epoch
+            members = [{"name": n, "path": str(Path(self.dataset_path) / n), "weight": w} for n, w in self.mixture.items()]
+            source = {"mixture": members, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 1000}
         return LoaderSpec(
             data_config=data_config,
-            source={"path": self.dataset_path, "split": "train", "epoch_mode": "exact", "virtual_epoch_length": 0},
+            source=source,
             batch_size=self.batch_size,
             max_sequence_length=self.seq_len,
         )

@@ -35,7 +35,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
-from rl_data.jobs.grpo.accounting import TRAINED, EpochAccount, TrainingRecord, epoch_accounts
+from rl_data.jobs.grpo.accounting import TRAINED, EpochAccount, TrainingRecord, epoch_accounts, stream_account
 from rl_data.jobs.grpo.config import TRAINER_CPUS, WORKER_CPUS, GRPODemoConfig
 from rl_data.jobs.grpo.policy import StandInPolicy
 
@@ -68,6 +68,9 @@ class GRPOSummary:
     final_step: int
     seconds: float
     checkpoint: Optional[str]
+    #: with a mixture: samples per member the feed's rank actors handed out (last lifetime)
+    mixture_counts: Optional[dict[str, int]] = None
+    mixture_weights: Optional[dict[str, float]] = None
 
 
 class _Actors:
@@ -164,9 +167,11 @@ def run_grpo_demo(config: GRPODemoConfig, console: Optional[Console] = None) -> 
     )
     console.rule("1. prompts")
     expected_keys = _prepare_prompts(config, console)
-    console.print(f"{len(expected_keys)} prompts per epoch in {config.dataset_path} at {time.perf_counter() - started:.1f} s")
+    unit = "prompts to resolve in the mixture's endless epoch" if config.mixture else "prompts per epoch"
+    console.print(f"{len(expected_keys)} {unit} in {config.dataset_path} at {time.perf_counter() - started:.1f} s")
 
-    console.rule(f"2. training until {config.epochs} epochs are resolved")
+    goal = f"the first {config.prompt_target} prompts of the mixture" if config.mixture else f"{config.epochs} epochs"
+    console.rule(f"2. training until {goal} are resolved")
     counters, record, step = Counters(), TrainingRecord(), 0
     checkpoint: Optional[str] = None
     lifetime = 0
@@ -201,12 +206,17 @@ def run_grpo_demo(config: GRPODemoConfig, console: Optional[Console] = None) -> 
         status = loop.feed_status()
         counters.feed_totals.update(status["totals"])
         feed_epochs = status["epochs"]
+        mixture_counts = _mixture_counts(status) if config.mixture else None
     finally:
         actors.shutdown()
-    accounts = epoch_accounts(record, expected_keys, feed_epochs, config.epochs)
+    if config.mixture:
+        accounts = [stream_account(record, expected_keys, feed_epochs)]
+    else:
+        accounts = epoch_accounts(record, expected_keys, feed_epochs, config.epochs)
     summary = GRPOSummary(
         passed=all(a.exactly_once for a in accounts), accounts=accounts, counters=counters,
         final_step=step, seconds=time.perf_counter() - started, checkpoint=checkpoint,
+        mixture_counts=mixture_counts, mixture_weights=config.mixture,
     )  # fmt: skip
     console.rule(f"summary (job took {summary.seconds:.1f} s)")
     print_summary(summary, console)
@@ -226,8 +236,11 @@ class _Loop:
         self.checkpoint: Optional[str] = None
         self.step = 0
         self.resolved = Counter(r.uid[0] for r in record.resolutions)
+        self.resolved_first = sum(1 for r in record.resolutions if r.uid[0] == 0 and r.uid[1] < expected)
 
     def done(self) -> bool:
+        if self.config.mixture:  # one endless epoch: its first N positions
+            return self.resolved_first >= self.expected
         return all(self.resolved[e] >= self.expected for e in range(self.config.epochs))
 
     def run(self, step: int) -> str:
@@ -315,12 +328,15 @@ class _Loop:
             self.console.print(
                 f"step {self.step}: {len(groups)} groups of epoch(s) {epochs} on {len(self.actors.trainers)} DP ranks, "
                 f"mean reward {metrics['mean_reward']:.2f}, "
-                f"loss {metrics['loss']:+.4f}, resolved per epoch {[self.resolved[e] for e in range(self.config.epochs)]}"
+                f"loss {metrics['loss']:+.4f}, " + (
+                    f"resolved {self.resolved_first} of the first {self.expected}" if self.config.mixture
+                    else f"resolved per epoch {[self.resolved[e] for e in range(self.config.epochs)]}")
             )
 
     def _resolve(self, group: dict[str, Any], outcome: str) -> None:
         self.record.add(group["uid"], group["key"], outcome, self.step)
         self.resolved[group["uid"][0]] += 1
+        self.resolved_first += group["uid"][0] == 0 and group["uid"][1] < self.expected
 
     def _kill_a_worker(self) -> None:
         import ray
@@ -349,15 +365,16 @@ def train_data_parallel(trainers: list[Any], groups: list[dict[str, Any]], timeo
 
 
 def _prepare_prompts(config: GRPODemoConfig, console: Console) -> list[str]:
-    """Preprocess the embedded prompts when needed; return the keys of one pass over them."""
-    from rl_data.distributed.placement import config_layout, placement_fingerprint
-    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+    """Preprocess the embedded prompts when needed; return the expected prompt keys: one pass
+    (exact passes), or for a mixture the first ``prompt_target`` keys of the feed's stream."""
     from rl_data.jobs.data import is_energon_dataset
     from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
     from rl_data.prompt_data import write_gsm8k_rows
 
     path = Path(config.dataset_path)
-    if not is_energon_dataset(path):
+    if config.mixture and not all(is_energon_dataset(path / name) for name in config.mixture):
+        _preprocess_mixture(config, console)
+    elif not config.mixture and not is_energon_dataset(path):
         raw = Path(config.work_dir) / "raw" / f"gsm8k-style-{config.num_prompts}.jsonl"
         rows = write_gsm8k_rows(raw, config.num_prompts)
         summary = run_preprocess(PreprocessConfig(
@@ -365,18 +382,78 @@ def _prepare_prompts(config: GRPODemoConfig, console: Console) -> list[str]:
             target_shard_rows=max(4, rows // 16), splits={"train": 1.0}, progress=config.progress,
         ))  # fmt: skip
         console.print(f"preprocessed {summary.accepted} of {rows} rows ({summary.quarantined} quarantined)")
-    spec = config.loader_spec()
-    loader = build_energon_sft_loader(
-        **spec.builder_kwargs(), processor=spec.load_processor_factory()(), logical_rank=0, logical_world_size=1,
-        placement_fingerprint=placement_fingerprint(config_layout(config.runtime_config())),
-    )  # fmt: skip
-    try:
-        keys = [key for batch in loader for key in batch["source_ids"]]
-    finally:
-        loader.close()
+    if config.mixture:
+        return _merged_stream_keys(config, config.prompt_target)
+    [keys] = _rank_keys(config, ranks=1, rows=None)
     if len(keys) != len(set(keys)):
         raise ValueError(f"the dataset {path} has repeated sample keys; expected each prompt once per pass")
     return keys
+
+
+def _preprocess_mixture(config: GRPODemoConfig, console: Console) -> None:
+    """The generated prompts dealt to the members in turn, preprocessed as one mixture."""
+    from rl_data.preprocess.mixture import run_mixture_preprocess
+    from rl_data.preprocess.pipeline import PreprocessConfig
+    from rl_data.prompt_data import write_gsm8k_rows
+
+    raw = Path(config.work_dir) / "raw" / f"gsm8k-style-{config.num_prompts}.jsonl"
+    rows = write_gsm8k_rows(raw, config.num_prompts)
+    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
+    names = list(config.mixture)
+    inputs = []
+    for index, name in enumerate(names):
+        member = raw.with_name(f"{name}.jsonl")
+        member.write_text("".join(lines[index :: len(names)]), encoding="utf-8")
+        inputs.append(str(member))
+    summary = run_mixture_preprocess(PreprocessConfig(
+        inputs=inputs, output=config.dataset_path, adapter="gsm8k", task="rl_prompt", overwrite=True,
+        target_shard_rows=max(4, rows // (16 * len(names))), splits={"train": 1.0}, progress=config.progress,
+    ), dict(config.mixture))  # fmt: skip
+    console.print(f"preprocessed a mixture of {rows} rows: " + ", ".join(
+        f"{n}={w:g} ({summary.members[n]['accepted']} prompts)" for n, w in config.mixture.items()))
+
+
+def _rank_keys(config: GRPODemoConfig, *, ranks: int, rows: int | None) -> list[list[str]]:
+    """Per logical rank of ``ranks``, its prompt keys in order: one pass, or its first ``rows``
+    (read from the loaders directly, as the feed's rank actors build them)."""
+    from rl_data.distributed.placement import config_layout, placement_fingerprint
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    spec = config.loader_spec()
+    runtime = config.runtime_config() if ranks == config.ranks else config.runtime_config().model_copy(
+        update={"logical_world_size": ranks, "parallel_layout": config.runtime_config().parallel_layout.model_copy(update={"dp": ranks})})
+    processor = spec.load_processor_factory()()
+    out = []
+    for rank in range(ranks):
+        loader = build_energon_sft_loader(
+            **spec.builder_kwargs(), processor=processor, logical_rank=rank, logical_world_size=ranks,
+            placement_fingerprint=placement_fingerprint(config_layout(runtime)),
+        )  # fmt: skip
+        keys: list[str] = []
+        try:
+            if rows is None:
+                keys = [key for batch in loader for key in batch["source_ids"]]
+            else:
+                while len(keys) < rows:
+                    keys += [key for batch in loader for key in batch["source_ids"]][: rows - len(keys)]
+        finally:
+            loader.close()
+        out.append(keys)
+    return out
+
+
+def _merged_stream_keys(config: GRPODemoConfig, count: int) -> list[str]:
+    """The feed's first ``count`` prompt keys: the ranks' streams merged item by item (no pass ends)."""
+    per_rank = _rank_keys(config, ranks=config.ranks, rows=-(-count // config.ranks))
+    return [per_rank[p % config.ranks][p // config.ranks] for p in range(count)]
+
+
+def _mixture_counts(status: dict[str, Any]) -> dict[str, int]:
+    """Samples per mixture member the feed's rank actors handed out (their status)."""
+    counts: Counter = Counter()
+    for rank in status.get("ranks", []):
+        counts.update((rank.get("mixture") or {}).get("counts", {}))
+    return dict(counts)
 
 
 def _save_checkpoint(actors: _Actors, config: GRPODemoConfig, step: int, record: TrainingRecord) -> str:
@@ -458,8 +535,16 @@ def print_summary(summary: GRPOSummary, console: Console) -> None:
     duplicates = sum(a.duplicates for a in summary.accounts)
     missing = sum(a.missing for a in summary.accounts)
     verdict = "PASS" if summary.passed else "FAIL"
+    if summary.mixture_counts is not None:
+        total = sum(summary.mixture_counts.values()) or 1
+        weight_sum = sum(summary.mixture_weights.values())
+        console.print("mixture members in the stream the feed read: " + ", ".join(
+            f"{name} {summary.mixture_counts.get(name, 0) / total:.0%} (weight {w / weight_sum:.0%})"
+            for name, w in summary.mixture_weights.items()))
+        what = f"the first {summary.accounts[0].expected} prompts of the mixture's endless epoch"
+    else:
+        what = f"{len(summary.accounts)} epochs x {summary.accounts[0].expected if summary.accounts else 0} prompts"
     console.print(
-        f"[bold]{verdict}[/bold]: {len(summary.accounts)} epochs x {summary.accounts[0].expected if summary.accounts else 0} "
-        f"prompts: {duplicates} duplicated, {missing} missing"
-        + ("" if summary.passed else "; see the table: an epoch was not resolved exactly once")
+        f"[bold]{verdict}[/bold]: {what}: {duplicates} duplicated, {missing} missing"
+        + ("" if summary.passed else "; see the table: prompts were not resolved exactly once")
     )
