@@ -16,8 +16,8 @@ def grpo_demo(
     work_dir: Annotated[Path, typer.Option(help="raw prompts, dataset, checkpoints")] = Path("outputs/grpo_demo"),
     num_prompts: Annotated[int, typer.Option(min=8, help="generated word problems (a multiple of ranks x batch size)")] = 96,
     ranks: Annotated[int, typer.Option("--logical-shards", "--ranks", min=1, help="rank actors reading the prompts (the feed's producers)")] = 2,
-    dp: Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks")] = 1,
-    resume_dp: Annotated[Optional[int], typer.Option(min=1, help="trainer ranks after the kill-everything restore (default: --dp)")] = None,
+    dp: Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks")] = 2,
+    resume_dp: Annotated[int, typer.Option(min=0, help="trainer ranks after the kill-everything restore (0: --dp)")] = 1,
     batch_size: Annotated[int, typer.Option(min=1, help="prompts per rank-actor batch")] = 4,
     seq_len: Annotated[int, typer.Option(min=16, help="longer prompts are filtered out (counted)")] = 512,
     system_prompt: Annotated[str, typer.Option(help="TaskDataSpec system prompt ('' for none)")] = DEFAULT_SYSTEM_PROMPT,
@@ -48,7 +48,7 @@ def grpo_demo(
 
     try:
         config = GRPODemoConfig(
-            data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, dp=dp, resume_dp=resume_dp, batch_size=batch_size,
+            data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, dp=dp, resume_dp=resume_dp or None, batch_size=batch_size,
             seq_len=seq_len, system_prompt=system_prompt or None, workers=workers, group_size=group_size,
             prompts_per_call=prompts_per_call, groups_per_step=groups_per_step, max_outstanding=max_outstanding,
             epochs=epochs, mixture=parse_mixture(mixture) if mixture else None, prompts=prompts, checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,

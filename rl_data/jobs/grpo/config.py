@@ -25,8 +25,8 @@ class GRPODemoConfig(BaseModel):
     work_dir: str = "outputs/grpo_demo"
     num_prompts: int = Field(96, ge=8, description="generated arithmetic word problems (when --data is not given)")
     ranks: int = Field(2, ge=1, description="logical shards: rank actors reading the prompts (the feed's producers)")
-    dp: int = Field(1, ge=1, description="data-parallel trainer ranks (gradients averaged over them)")
-    resume_dp: Optional[int] = Field(None, ge=1, description="trainer ranks after the kill-everything restore (default: dp)")
+    dp: int = Field(2, ge=1, description="data-parallel trainer ranks (gradients averaged over them)")
+    resume_dp: Optional[int] = Field(1, ge=1, description="trainer ranks after the kill-everything restore (None: dp)")
     batch_size: int = Field(4, ge=1, description="prompts per rank-actor batch")
     seq_len: int = Field(512, ge=16, description="prompts longer than this are filtered out (counted)")
     system_prompt: Optional[str] = DEFAULT_SYSTEM_PROMPT
