@@ -20,7 +20,7 @@ from rl_data.energon.dataset_writer import SplitAssigner, min_samples_for_splits
 from rl_data.preprocess import PreprocessConfig, run_preprocess
 from rl_data.preprocess.adapters import openai_messages, resolve_adapter, sharegpt
 from rl_data.preprocess.pipeline import check_job, load_dataset_info
-from rl_data.preprocess.readers import peek_rows, resolve_inputs, stream_file_rows
+from rl_data.preprocess.readers import resolve_inputs, stream_file_rows
 from rl_data.preprocess.transform import transform_batch
 from rl_data.preprocess.validation import RowRejected, parse_row, validate_sample
 from rl_data.preprocess.writer import FailedRowsBudgetExceeded

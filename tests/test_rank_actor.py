@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from distributed_fixtures import TIMEOUT_S, runtime_config, train_spec, wait_for
+from distributed_fixtures import TIMEOUT_S, train_spec, wait_for
 from rl_data.distributed.config import LoaderSpec
 from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
 from rl_data.energon.sft_dataloader import build_energon_sft_loader

@@ -11,7 +11,7 @@ import torch
 from energon_fixtures import SINGLE_RANK_UNPACKED
 from megatron.energon import SourceInfo
 from preprocess_fixtures import GSM8K_ROW, read_quarantine, read_shards, write_jsonl
-from restore_check import assert_restores_at_every_step, stream
+from restore_check import assert_restores_at_every_step
 from typing_extensions import get_type_hints
 
 from rl_data.energon.dataset_writer import write_energon_dataset

@@ -86,6 +86,16 @@ class RestoreIncompleteError(RuntimeError):
     """The last checkpoint restore failed part way: steps (or prompt takes) are refused until a restore succeeds."""
 
 
+def count_rank_death(restarts: list[int], rank: int, max_restarts: int, cause: BaseException, during: str = "") -> None:
+    """Count one more death of ``rank``; past ``max_restarts`` raise :class:`RankFailedError`."""
+    restarts[rank] += 1
+    if restarts[rank] > max_restarts:
+        raise RankFailedError(
+            f"rank {rank} died {restarts[rank]} times, more than max_rank_restarts={max_restarts}; "
+            f"last cause{during}: {str(cause).splitlines()[0]}"
+        ) from None
+
+
 def refuse_if_restore_failed(failure: Optional[str], call: str) -> None:
     """Raise :class:`RestoreIncompleteError` for ``call`` while the last restore's ``failure`` stands."""
     if failure is not None:
@@ -496,12 +506,7 @@ class DataCoordinator:
         """Count the death of rank's actor and start a fresh one in its bundle (nothing restored)."""
         self._next_calls.pop(rank, None)
         self._recoveries.pop(rank, None)
-        self._restarts[rank] += 1
-        if self._restarts[rank] > self._config.max_rank_restarts:
-            raise RankFailedError(
-                f"rank {rank} died {self._restarts[rank]} times, more than max_rank_restarts="
-                f"{self._config.max_rank_restarts}; last cause (while {during}): {str(cause).splitlines()[0]}"
-            ) from None
+        count_rank_death(self._restarts, rank, self._config.max_rank_restarts, cause, f" (while {during})")
         ray.kill(self._ranks[rank], no_restart=True)
         self._ranks[rank] = self._spawn(rank)
         return self._ranks[rank]

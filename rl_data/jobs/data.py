@@ -70,16 +70,11 @@ def prepare_dataset(config: TrainDemoConfig) -> PreparedDataset:
 
 def _prepare_mixture(config: TrainDemoConfig, task: Any, raw: Path, rows: int) -> PreparedDataset:
     """Deal the raw rows to the mixture members in turn and preprocess them as one mixture."""
-    from rl_data.preprocess.mixture import run_mixture_preprocess
+    from rl_data.preprocess.mixture import deal_rows, run_mixture_preprocess
     from rl_data.preprocess.pipeline import PreprocessConfig
 
-    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
     names = list(config.mixture)
-    inputs = []
-    for index, name in enumerate(names):
-        member = raw.with_name(f"{name}.jsonl")
-        member.write_text("".join(lines[index :: len(names)]), encoding="utf-8")
-        inputs.append(str(member))
+    inputs = deal_rows(raw, names)
     summary = run_mixture_preprocess(
         PreprocessConfig(
             inputs=inputs, output=str(Path(config.dataset_path).parent), adapter=task.demo.adapter, task=task.name,

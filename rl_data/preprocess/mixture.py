@@ -57,6 +57,18 @@ def parse_mixture(text: str) -> dict[str, float]:
     return weights
 
 
+def deal_rows(jsonl: Path, names: list[str]) -> list[str]:
+    """Deal the lines of ``jsonl`` to files ``<name>.jsonl`` beside it in turn (a demo's members);
+    return their paths, one per name."""
+    lines = jsonl.read_text(encoding="utf-8").splitlines(keepends=True)
+    paths = []
+    for index, name in enumerate(names):
+        member = jsonl.with_name(f"{name}.jsonl")
+        member.write_text("".join(lines[index :: len(names)]), encoding="utf-8")
+        paths.append(str(member))
+    return paths
+
+
 def inputs_by_member(inputs: list[str], names: list[str]) -> dict[str, list[str]]:
     """Each input under the member its file or folder name starts with (the longest name wins)."""
     grouped: dict[str, list[str]] = {name: [] for name in names}

@@ -58,7 +58,12 @@ from ray.exceptions import RayActorError
 from rl_data.batched_data_dict import PooledList
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
-from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError, layout_fix, refuse_if_restore_failed
+from rl_data.distributed.coordinator import (
+    RankTimeoutError,
+    count_rank_death,
+    layout_fix,
+    refuse_if_restore_failed,
+)
 from rl_data.distributed.placement import (
     RankPlacement,
     adopt_placement_group,
@@ -469,12 +474,7 @@ class PromptFeed:
 
     def _replace(self, rank: int, cause: BaseException) -> Any:
         """Kill rank's actor, start a fresh one in its bundle (the producer restores it); on the worker thread."""
-        self._restarts[rank] += 1
-        if self._restarts[rank] > self._config.max_rank_restarts:
-            raise RankFailedError(
-                f"rank {rank} died {self._restarts[rank]} times, more than max_rank_restarts="
-                f"{self._config.max_rank_restarts}; last cause: {str(cause).splitlines()[0]}"
-            ) from None
+        count_rank_death(self._restarts, rank, self._config.max_rank_restarts, cause)
         ray.kill(self._ranks[rank], no_restart=True)
         self._ranks[rank] = self._spawn(rank)
         self._metrics.record_restore("rank_recovery")

@@ -314,8 +314,6 @@ class _Loop:
         self.actors.submit(name)
 
     def _train_step(self) -> None:
-        import ray
-
         groups, self.buffer = self.buffer[: self.config.groups_per_step], self.buffer[self.config.groups_per_step :]
         metrics = train_data_parallel(self.actors.trainers, groups, self.config.timeout_s)
         self.actors.client.ack([g["uid"] for g in groups])
@@ -392,19 +390,14 @@ def _prepare_prompts(config: GRPODemoConfig, console: Console) -> list[str]:
 
 def _preprocess_mixture(config: GRPODemoConfig, console: Console) -> None:
     """The generated prompts dealt to the members in turn, preprocessed as one mixture."""
-    from rl_data.preprocess.mixture import run_mixture_preprocess
+    from rl_data.preprocess.mixture import deal_rows, run_mixture_preprocess
     from rl_data.preprocess.pipeline import PreprocessConfig
     from rl_data.prompt_data import write_gsm8k_rows
 
     raw = Path(config.work_dir) / "raw" / f"gsm8k-style-{config.num_prompts}.jsonl"
     rows = write_gsm8k_rows(raw, config.num_prompts)
-    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
     names = list(config.mixture)
-    inputs = []
-    for index, name in enumerate(names):
-        member = raw.with_name(f"{name}.jsonl")
-        member.write_text("".join(lines[index :: len(names)]), encoding="utf-8")
-        inputs.append(str(member))
+    inputs = deal_rows(raw, names)
     summary = run_mixture_preprocess(PreprocessConfig(
         inputs=inputs, output=config.dataset_path, adapter="gsm8k", task="rl_prompt", overwrite=True,
         target_shard_rows=max(4, rows // (16 * len(names))), splits={"train": 1.0}, progress=config.progress,
