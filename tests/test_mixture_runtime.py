@@ -9,6 +9,7 @@ from energon_fixtures import write_chat_dataset
 from typer.testing import CliRunner
 
 from rl_data.cli import app
+from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.config import LoaderSpec
 
 WEIGHTS = {"math": 0.5, "code": 0.3, "chat": 0.2}
@@ -54,7 +55,8 @@ def test_reweighting_through_the_coordinator_is_refused_unless_asked_and_recorde
     with running_coordinator(ray, config, _spec(members, new)) as coordinator:
         with pytest.raises(ValueError, match=r"rank 0: Energon loader identity changed: mixture.chat.weight 0.2 -> 0.5; mixture.math.weight 0.5 -> 0.2$"):
             ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
-        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "ckpt"), True), timeout=TIMEOUT_S) == 3
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        assert client.load_checkpoint(str(tmp_path / "ckpt"), reweight=True) == 3
         after = consume(ray, coordinator, 3)
         ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt2")), timeout=TIMEOUT_S)
     ids = [i for step in before + after for rank in step for i in rank]

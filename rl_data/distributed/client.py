@@ -90,7 +90,7 @@ class CoordinatorClient:
         self._expected: Optional[int] = None  # the step the next next_step() asks for
 
     def next_step(self) -> tuple[int, list[Any]]:
-        """``(step, refs)``: the step after the last one received and one batch ObjectRef per logical rank.
+        """``(step, refs)``: the step after the last one received and one batch ObjectRef per DP rank.
 
         The first call asks for the first uncommitted step. After a timeout, calling again
         returns the same step (the coordinator re-delivers it), never the one after.
@@ -153,6 +153,14 @@ class CoordinatorClient:
     def save_checkpoint(self, directory: str) -> str:
         """Write the checkpoint of the last committed step to ``directory`` (on the coordinator's node)."""
         return self._get(self.handle.save_checkpoint.remote(directory))
+
+    def load_checkpoint(self, directory: str, *, reweight: bool = False) -> int:
+        """Restore a checkpoint into the coordinator (fresh, or right after a restore); return its
+        step. ``reweight``: a mixture with changed weights continues with them (see
+        ``DataCoordinator.load_state_dict``). The next :meth:`next_step` returns the step after it."""
+        step = self._get(self.handle.load_checkpoint.remote(directory, reweight))
+        self._expected = step + 1
+        return step
 
     def _get(self, ref: Any) -> Any:
         import ray
