@@ -296,3 +296,28 @@ def test_the_coordinator_module_imports_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "False"
+
+
+def test_a_checkpoint_with_the_version_1_layout_restores(ray_session, energon_dataset, tokenizer, saved_checkpoint, tmp_path):
+    """Checkpoints written before the consumer layout left the placement layout (version 1) still restore."""
+    from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
+    from rl_data.distributed.placement import placement_fingerprint, upgrade_layout_v1
+    from rl_data.fingerprint import fingerprint
+
+    ray = ray_session
+    state = load_checkpoint_file(checkpoint_path(saved_checkpoint))
+    old_layout = {**state["placement"]["layout"], "version": 1, "parallel_layout": {"cp": 1, "dp": 2, "pp": 1, "tp": 1}}
+    old = placement_fingerprint(old_layout)
+    ranks = []
+    for rank in state["ranks"]:
+        identity = {**rank["identity"], "topology": {**rank["identity"]["topology"], "placement": old}}
+        ranks.append({**rank, "identity": identity, "fingerprint": fingerprint(identity)})
+    legacy = {k: v for k, v in state.items() if k != "consumer_layout"} | {"placement": {"fingerprint": old, "layout": old_layout}, "ranks": ranks}
+    upgraded = upgrade_layout_v1(legacy)
+    assert upgraded["placement"] == state["placement"] and upgraded["consumer_layout"] == state["consumer_layout"]
+    assert [r["identity"] for r in upgraded["ranks"]] == [r["identity"] for r in state["ranks"]]
+    save_checkpoint_file(checkpoint_path(tmp_path), legacy)
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
+        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 3)[2:3]

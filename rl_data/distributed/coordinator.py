@@ -67,6 +67,7 @@ from rl_data.distributed.placement import (
     consumer_layout,
     create_rank_placement,
     remove_leftover_placement_group,
+    upgrade_layout_v1,
 )
 from rl_data.distributed.rank_actor import RankActor
 
@@ -276,6 +277,7 @@ class DataCoordinator:
                     f"load_state_dict after next_step was called (last step handed out: {self._handed_step}); "
                     "restore a checkpoint into a fresh coordinator, or right after a restore, before next_step"
                 )
+            state = upgrade_layout_v1(state)  # saved before the consumer layout left the data layout
             self._check_checkpoint(state, reweight)
             self._restore_failure = f"restoring the checkpoint of step {state['step']} did not finish"
             try:

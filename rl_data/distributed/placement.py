@@ -64,6 +64,32 @@ def config_layout(config: RuntimeConfig, bundles: Sequence[Mapping[str, float]] 
     )
 
 
+def upgrade_layout_v1(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A coordinator checkpoint saved with a version-1 layout (which held the parallel layout),
+    rewritten as version 2: the layout without ``parallel_layout`` (kept as ``consumer_layout``)
+    and every rank identity's ``topology.placement`` that held the old fingerprint given the new
+    one (with the rank state's own fingerprint recomputed). Other states are returned as they are.
+    """
+    from rl_data.fingerprint import fingerprint
+
+    placement = state.get("placement") if isinstance(state, Mapping) else None
+    layout = placement.get("layout") if isinstance(placement, Mapping) else None
+    if not isinstance(layout, Mapping) or layout.get("version") != 1 or "parallel_layout" not in layout:
+        return state
+    new_layout = {k: v for k, v in layout.items() if k != "parallel_layout"} | {"version": PLACEMENT_LAYOUT_VERSION}
+    old, new = placement_fingerprint(layout), placement_fingerprint(new_layout)
+    ranks = []
+    for rank in state.get("ranks") or []:
+        identity = rank.get("identity") if isinstance(rank, Mapping) else None
+        topology = identity.get("topology") if isinstance(identity, Mapping) else None
+        if isinstance(topology, Mapping) and topology.get("placement") == old:
+            identity = {**identity, "topology": {**topology, "placement": new}}
+            rank = {**rank, "identity": identity, "fingerprint": fingerprint(identity)}
+        ranks.append(rank)
+    return {**state, "placement": {"fingerprint": new, "layout": new_layout},
+            "consumer_layout": dict(layout["parallel_layout"]), "ranks": ranks}
+
+
 def consumer_layout(config: RuntimeConfig) -> dict[str, int]:
     """The trainer's parallel layout (``dp``, ``tp``, ``pp``, ``cp``) as plain JSON."""
     return {k: int(v) for k, v in sorted(config.parallel_layout.model_dump().items())}
