@@ -321,3 +321,17 @@ def test_a_checkpoint_with_the_version_1_layout_restores(ray_session, energon_da
     with running_coordinator(ray, config, spec) as coordinator:
         assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
         assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 3)[2:3]
+
+
+def test_a_checkpoint_written_by_the_previous_release_restores_and_continues_exactly(ray_session, energon_dataset, tokenizer):
+    """``tests/data/checkpoint_stop17`` was written by the code of commit 102a0f8 (version-1 placement
+    layout, loader identities without task options) after 2 steps of 2 ranks over a byte-identical
+    copy of ``energon_dataset``; the current code restores it and continues the same stream."""
+    from pathlib import Path
+
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    with running_coordinator(ray, config, spec) as coordinator:
+        saved = str(Path(__file__).parent / "data" / "checkpoint_stop17")
+        assert ray.get(coordinator.load_checkpoint.remote(saved), timeout=TIMEOUT_S) == 2
+        assert consume(ray, coordinator, 2) == reference_stream(spec, config, tokenizer, 4)[2:4]

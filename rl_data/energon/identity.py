@@ -35,8 +35,11 @@ def restore_differences(saved: Any, current: Mapping[str, Any]) -> list[str]:
 
     :func:`rl_data.fingerprint.differences`, except that a change of ``source.path`` alone is allowed when
     ``dataset.index_uuid`` is the same (the dataset was copied), and ``adapter.fingerprint`` is
-    not listed when the adapter fields it is computed from are.
+    not listed when the adapter fields it is computed from are. An identity saved before tasks
+    had options (no ``task`` entry) matches a task with the default options of the same name.
     """
+    if _before_task_options(saved, current):
+        saved = {**saved, "task": current["task"]}
     if _same_dataset_content(saved, current):
         saved = {**saved, "source": {**saved["source"], "path": current["source"]["path"]}}
     lines = differences(saved, current)
@@ -46,6 +49,19 @@ def restore_differences(saved: Any, current: Mapping[str, Any]) -> list[str]:
     if explained:
         lines = [line for line in lines if not line.startswith(_ADAPTER_FINGERPRINT)]
     return lines
+
+
+def _before_task_options(saved: Any, current: Mapping[str, Any]) -> bool:
+    """``saved`` has no ``task`` entry and ``current`` runs the task its loader names, with no options."""
+    task = current.get("task")
+    return (
+        isinstance(saved, Mapping)
+        and "task" not in saved
+        and isinstance(task, Mapping)
+        and task.get("config") == {}
+        and isinstance(saved.get("loader"), Mapping)
+        and task.get("name") == saved["loader"].get("task_encoder")
+    )
 
 
 def _same_dataset_content(saved: Any, current: Mapping[str, Any]) -> bool:
