@@ -57,7 +57,12 @@ from typing import Any, Optional, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
+from rl_data.distributed.checkpoint_files import (
+    check_content_format,
+    checkpoint_path,
+    load_checkpoint_file,
+    save_checkpoint_file,
+)
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.metrics import CoordinatorMetrics
 from rl_data.distributed.shard_map import shard_assignment
@@ -364,19 +369,11 @@ class DataCoordinator:
     def _check_checkpoint(self, state: Any, reweight: bool = False) -> None:
         """Refuse a checkpoint of another format, layout or loader identity (nothing is changed);
         with ``reweight``, changed mixture weights alone are accepted."""
-        from rl_data.energon.mixture import weight_change_lines
-
         from rl_data.energon.identity import restore_differences
+        from rl_data.energon.mixture import weight_change_lines
         from rl_data.fingerprint import differences
 
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            found = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a data coordinator checkpoint: format {found!r}, expected {CHECKPOINT_FORMAT!r}")
-        if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-            raise ValueError(
-                f"coordinator checkpoint format version {state.get('format_version')!r}; this "
-                f"version reads {CHECKPOINT_FORMAT_VERSION}"
-            )
+        check_content_format(state, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_FORMAT_VERSION, what="data coordinator")
         _check_checkpoint_structure(state)
         lines = differences(state["placement"]["layout"], self._placement.layout)
         if lines:

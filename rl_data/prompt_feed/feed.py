@@ -56,7 +56,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray.exceptions import RayActorError
 
 from rl_data.batched_data_dict import PooledList
-from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
+from rl_data.distributed.checkpoint_files import (
+    check_content_format,
+    checkpoint_path,
+    load_checkpoint_file,
+    save_checkpoint_file,
+)
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.coordinator import (
     RankTimeoutError,
@@ -438,14 +443,7 @@ class PromptFeed:
         from rl_data.energon.identity import restore_differences
         from rl_data.fingerprint import differences
 
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            found = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a prompt feed checkpoint: format {found!r}, expected {CHECKPOINT_FORMAT!r}")
-        if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-            raise ValueError(
-                f"prompt feed checkpoint format version {state.get('format_version')!r}; this version "
-                f"reads {CHECKPOINT_FORMAT_VERSION}; restore it with the rl_data version that saved it"
-            )
+        check_content_format(state, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_FORMAT_VERSION, what="prompt feed")
         placement, ledger = state.get("placement"), state.get("ledger")
         producers = ledger.get("producers") if isinstance(ledger, dict) else None
         if (
