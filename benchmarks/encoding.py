@@ -3,9 +3,10 @@
 Ray Data and torchdata run :func:`encode_line` (JSON decode, validation, the project's chat
 formatting and truncation: exactly what the Energon cooker and ``ChatSFTTaskEncoder`` do) and
 then :func:`collate_unpacked` or :func:`collate_packed` (loss masks, padding, or the project's
-packing algorithm and pack layout). The rl_data contenders deliver the task encoder's batches;
-:func:`training_batch` turns an unpacked one (message logs) into the same padded tensors, on
-the consumer, so every consumer ends with ``input_ids``, ``token_mask``, ``sample_mask`` and
+packing algorithm and pack layout). The rl_data contenders deliver the task encoder's batches
+(unpacked ones already padded by the rank, ``batch_format="tensors"``, the default);
+:func:`training_batch` turns an unpacked one that carries message logs into the same padded
+tensors, on the consumer, so every consumer ends with ``input_ids``, ``token_mask``, ``sample_mask`` and
 the counts ``num_samples`` / ``num_tokens`` (non-pad tokens).
 """
 
@@ -92,6 +93,9 @@ def training_batch(batch: Any, adapter: ProcessorAdapter, pad_multiple: int) -> 
             for key, log, m in zip(batch["source_ids"], batch["message_log"], batch["loss_multiplier"])
         ]
         return collate_unpacked(samples, adapter, pad_multiple)
+    if "cu_seqlens" not in batch:  # an unpacked rl_data batch already padded by the rank (batch_format "tensors")
+        tensors = {k: batch[k] for k in ("input_ids", "token_mask", "sample_mask", "input_lengths")}
+        return _finish(tensors, list(batch["source_ids"]), int(batch["input_lengths"].sum()))
     ids = [key for keys in batch["source_ids"] for key in keys]
     tokens = sum(int(t[-1]) for t in batch["cu_seqlens"].tensors)
     return _finish({k: batch[k] for k in ("input_ids", "token_mask", "sample_mask", "input_lengths")}, ids, tokens)

@@ -5,7 +5,8 @@ ceiling every distributed layer is measured against. Runs in a fresh process
 (:mod:`benchmarks.fresh_process`): the clock includes loading the tokenizer. Checkpoint: ``state_dict()`` serialised
 with ``torch.save``; restore: a fresh loader with the same arguments, ``load_state_dict``,
 first batch (exact, so no batch is replayed); building the fresh loader is timed apart
-(``rebuild_s``).
+(``rebuild_s``). Its CPU time from the first batch to the last of the throughput phase
+(``steady_non_pad_tokens_per_cpu_s``) is compared with the chat formatting alone (``micro.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ VIRTUAL_EPOCH_BATCHES = 100_000
 
 
 def loader_kwargs(
-    workload: Workload, settings: BenchSettings, *, packing: bool, rank: int = 0, world_size: int = 1
+    workload: Workload, settings: BenchSettings, *, packing: bool, rank: int = 0, world_size: int = 1, workers: int = 0
 ) -> dict[str, Any]:
-    """``build_energon_sft_loader`` arguments (without ``processor``) shared by contenders a and b."""
-    energon: dict[str, Any] = {"shuffle_buffer_size": 100, "max_samples_per_sequence": 100}
+    """``build_energon_sft_loader`` arguments (without ``processor``) shared by contenders a and b;
+    ``workers``: Energon worker processes (``data_config["energon"]["num_workers"]``)."""
+    energon: dict[str, Any] = {"shuffle_buffer_size": 100, "max_samples_per_sequence": 100, "num_workers": workers}
     if packing:
         energon["packing_buffer_size"] = settings.packing_buffer_size
     return dict(
@@ -68,6 +70,7 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, start: fl
             wait_steps=settings.wait_steps,
             step_factor=settings.train_step_factor,
             save=lambda: saved.save(loader.state_dict()),
+            cpu_clock=True,
         )
     begin = time.perf_counter()
     restored = build_energon_sft_loader(processor=tokenizer, **kwargs)

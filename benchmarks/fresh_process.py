@@ -21,11 +21,15 @@ from typing import Any
 CONTENDER_MODULES = {"a": "benchmarks.energon_bare", "d": "benchmarks.torchdata_loader"}
 
 
-def run_in_fresh_process(contender: str, workload: Any, settings: Any, *, packing: bool) -> dict[str, Any]:
-    """``CONTENDER_MODULES[contender].run(workload, settings, packing=..., start=...)`` in a new process."""
+def run_in_fresh_process(contender: str, workload: Any, settings: Any, *, packing: bool, **options: Any) -> dict[str, Any]:
+    """``CONTENDER_MODULES[contender].run(workload, settings, packing=..., start=..., **options)`` in a new process.
+
+    ``options`` are the contender's own keyword arguments (e.g. ``workers`` for d), pickled with
+    the rest of the request.
+    """
     with tempfile.TemporaryDirectory(prefix="rl_data_bench_fresh-") as folder:
         request, reply = Path(folder) / "request.pkl", Path(folder) / "reply.pkl"
-        request.write_bytes(pickle.dumps((contender, workload, settings, packing)))
+        request.write_bytes(pickle.dumps((contender, workload, settings, packing, options)))
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.fresh_process", str(request), str(reply)],
             timeout=settings.ray_timeout_s * 4,
@@ -51,11 +55,11 @@ def _main(request: str, reply: str) -> None:
 
     torch.set_num_threads(1)  # as in the suite's process (see suite.py)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    contender, workload, settings, packing = pickle.loads(Path(request).read_bytes())
+    contender, workload, settings, packing, options = pickle.loads(Path(request).read_bytes())
     try:
         start = time.perf_counter()
         module = importlib.import_module(CONTENDER_MODULES[contender])
-        outcome = (True, module.run(workload, settings, packing=packing, start=start))
+        outcome = (True, module.run(workload, settings, packing=packing, start=start, **options))
     except BaseException:
         outcome = (False, traceback.format_exc(limit=8))
     Path(reply).write_bytes(pickle.dumps(outcome))

@@ -18,6 +18,10 @@ one merged step, see :mod:`benchmarks.encoding`):
 
 ``non_pad_share`` is non-pad tokens / elements of the delivered ``input_ids`` (how much of
 what the trainer computes on is real data: padding to the longest row, or pack utilisation).
+
+With ``cpu_clock`` the CPU time of this process (``time.process_time()``, all its threads) from
+the first batch to the last of the throughput phase is recorded too, and the steady rate per
+CPU-second: meaningful only where all the loading runs in this one process (contender a).
 """
 
 from __future__ import annotations
@@ -54,10 +58,12 @@ def consume(
     wait_steps: int,
     step_factor: float,
     save: Callable[[], Any] | None = None,
+    cpu_clock: bool = False,
 ) -> dict[str, Any]:
     """Run both phases (see the module docstring); ``start`` is when building the pipeline began."""
     first = next_step()
     first_at = time.perf_counter()
+    first_cpu = time.process_time()
     samples, tokens, steps, area = 0, 0, 0, touch(first)
     while samples + first["num_samples"] < samples_target:
         step = next_step()
@@ -66,6 +72,7 @@ def consume(
         tokens += step["num_tokens"]
         steps += 1
     end = time.perf_counter()
+    steady_cpu_s = time.process_time() - first_cpu
     elapsed = max(end - first_at, 1e-9)
     total_samples, total_tokens = samples + first["num_samples"], tokens + first["num_tokens"]
     production_s = elapsed / max(steps, 1)
@@ -85,7 +92,11 @@ def consume(
         touch(step)
         time.sleep(train_step_s)
     steady = waits[WARMUP_STEPS:] or waits
+    cpu = {}
+    if cpu_clock:
+        cpu = {"steady_cpu_s": steady_cpu_s, "steady_non_pad_tokens_per_cpu_s": tokens / max(steady_cpu_s, 1e-9)}
     return {
+        **cpu,
         "time_to_first_batch_s": first_at - start,
         "samples": total_samples,
         "non_pad_tokens": total_tokens,

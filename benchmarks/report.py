@@ -57,15 +57,22 @@ def markdown(results: dict[str, Any]) -> str:
         cells = [_cell(figures.get(key), fmt) for _, key, fmt in COLUMNS]
         rounds = " / ".join("failed" if r is None else f"{r / 1e3:.0f}" for r in figures.get(ROUNDS_KEY, []))
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {rounds} | {figures.get('cpu_layout', '')} |")
-    lines += ["", "## Targets", "", "| target | value | required | met |", "|---|---|---|---|"]
+    lines += ["", "## Targets", "", "| target | value | required | met | every round |", "|---|---|---|---|---|"]
     for target in results["targets"]:
         value = "n/a" if target["value"] is None else f"{target['value']:.3f}"
-        lines.append(f"| {target['target']} | {value} | {target['required']} | {'yes' if target['met'] else 'NO'} |")
+        rounds = " / ".join("n/a" if r is None else f"{r:.3f}" for r in target.get("rounds", []))
+        lines.append(
+            f"| {target['target']} | {value} | {target.get('op', '>=')} {target['required']} | "
+            f"{'yes' if target['met'] else 'NO'} | {rounds} |"
+        )
+    lines += _sweep_tables(results)
     micro = results["micro"]
     chat = micro.get("chat_formatting", {})
     lines += ["", "## Micro-benchmarks", "", "### Chat formatting vs raw encode of the same text", ""]
     if "error" in chat:
         lines.append(f"failed: {chat['error']}")
+    elif not chat:
+        lines.append("not run")
     else:
         lines += [
             "| path | tokens/s | vs raw |",
@@ -76,7 +83,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| reference (render per prefix), {chat['reference_subset_conversations']} convs | {chat['reference_tokens_per_s']:,.0f} | {chat['reference_vs_raw']:.2f} |",
             "",
             f"{chat['conversations']} conversations, {chat['mean_turns']:.1f} turns on average; "
-            f"reference ids identical: {chat['reference_ids_identical']}.",
+            f"reference ids identical: {chat['reference_ids_identical']}. Formatting per CPU-second "
+            f"(`time.process_time`, best round): {chat['formatting_tokens_per_cpu_s']:,.0f} tokens.",
         ]
         families = chat.get("families", {})
         if families:
@@ -109,6 +117,74 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ratio(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _sweep_tables(results: dict[str, Any]) -> list[str]:
+    """Worker sweep, VLM and per-CPU tables (empty where the run had none)."""
+    lines: list[str] = []
+    sweep = results.get("worker_sweep") or []
+    if sweep:
+        lines += [
+            "",
+            "## Workers per rank (1 rank actor vs StatefulDataLoader, same worker count)",
+            "",
+            f"{results['settings'].get('sweep_samples_per_run')} samples per run, "
+            f"{results['settings'].get('sweep_rounds')} round(s); non-pad tokens/s end to end. "
+            "b's rank actor reserves min(max(1, workers), parallelism) CPUs; d with 0 workers loads in its process.",
+            "",
+            "| mode | workers | b rank CPUs | b tok/s | d tok/s | b / d | b vs b(0 workers) | d vs d(0 workers) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in sweep:
+            cells = [_cell(row["b_non_pad_tokens_per_s"], "{:,.0f}"), _cell(row["d_non_pad_tokens_per_s"], "{:,.0f}")]
+            lines.append(
+                f"| {row['mode']} | {row['workers']} | {row['b_rank_cpus']:g} | {cells[0]} | {cells[1]} | "
+                f"{_ratio(row['b_over_d'])} | {_ratio(row['b_over_b_w0'])} | {_ratio(row['d_over_d_w0'])} |"
+            )
+    vlm = results.get("vlm") or []
+    if vlm:
+        described = results.get("vlm_workload") or {}
+        lines += [
+            "",
+            "## VLM (vlm_sft: JPEG decode + Qwen2-VL image processor + chat formatting)",
+            "",
+            f"Workload: {json.dumps(described)}.",
+            "",
+            "| contender | workers | samples/s (= images/s) | non-pad tok/s | first batch s | vs 0 workers |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in vlm:
+            lines.append(
+                f"| {row['contender']} | {row['workers']} | {_cell(row['samples_per_s'], '{:.1f}')} | "
+                f"{_cell(row['non_pad_tokens_per_s'], '{:,.0f}')} | {_cell(row['time_to_first_batch_s'], '{:.2f}')} | "
+                f"{_ratio(row['vs_w0'])} |"
+            )
+    chat = results.get("micro", {}).get("chat_formatting", {})
+    per_cpu = [
+        (name, figures) for name, figures in results["contenders"].items() if "steady_non_pad_tokens_per_cpu_s" in figures
+    ]
+    if per_cpu:
+        lines += [
+            "",
+            "## Per CPU-second (one process, 0 workers)",
+            "",
+            "| contender | steady non-pad tok/s | CPU s (first to last batch) | tokens per CPU-s | vs chat formatting alone |",
+            "|---|---|---|---|---|",
+        ]
+        formatting = chat.get("formatting_tokens_per_cpu_s")
+        for name, figures in per_cpu:
+            rate = figures["steady_non_pad_tokens_per_cpu_s"]
+            lines.append(
+                f"| {name} | {figures['steady_non_pad_tokens_per_s']:,.0f} | {figures['steady_cpu_s']:.1f} | {rate:,.0f} | "
+                f"{_ratio(rate / formatting if formatting else None)} |"
+            )
+        if formatting:
+            lines.append(f"| chat formatting alone (micro) | | | {formatting:,.0f} | 1.00 |")
+    return lines
+
+
 def chart(results: dict[str, Any], path: Path) -> None:
     """Bar chart: non-pad tokens/s per contender, unpacked and packed."""
     import matplotlib
@@ -116,8 +192,9 @@ def chart(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = sorted({name.split("/")[0] for name in results["contenders"]})
-    figure, axis = plt.subplots(figsize=(10, 4.5))
+    modes = ("unpacked", "packed")
+    names = sorted({name.split("/")[0] for name in results["contenders"] if name.split("/")[-1] in modes})
+    figure, axis = plt.subplots(figsize=(max(10, 0.8 * len(names)), 4.5))
     width = 0.4
     for offset, mode in ((-width / 2, "unpacked"), (width / 2, "packed")):
         values = [results["contenders"].get(f"{n}/{mode}", {}).get("non_pad_tokens_per_s") or 0 for n in names]

@@ -38,6 +38,28 @@ class BenchSettings(BaseModel):
     micro_conversations: int = Field(default=2_000, ge=1)
     #: Repetitions of the 32 MB object-store hop.
     transfer_repeats: int = Field(default=10, ge=1)
+    #: Energon workers per rank actor (b) and DataLoader workers (d, 0: in-process) of the
+    #: worker sweep (1 rank actor / 1 loader, every mode of ``modes``).
+    worker_counts: tuple[int, ...] = (0, 1, 2, 4)
+    #: Samples per run and rounds of the sweep contenders (worker sweep, VLM, 4-rank restore
+    #: with workers): shorter than ``samples_per_run`` and fewer rounds keep the suite ~30 min.
+    sweep_samples_per_run: int = Field(default=4_000, ge=1)
+    sweep_rounds: int = Field(default=1, ge=0)
+    #: Energon workers per rank of the extra ``restore_ranks``-rank contenders (restore target;
+    #: 0 workers is ``b_rl_data_<restore_ranks>rank`` of ``rank_counts``).
+    restore_ranks: int = Field(default=4, ge=1)
+    restore_worker_counts: tuple[int, ...] = (2,)
+    #: VLM workload (``benchmarks/vlm.py``): samples (one JPEG each), picture side in pixels,
+    #: samples per shard / JSONL file, batch size, maximum length, samples per run (more than
+    #: the text sweep's share of start-up: the multimodal processor imports take seconds; the
+    #: loader d reads one pass, so keep it below ``vlm_samples`` minus the wait phase), workers.
+    vlm_samples: int = Field(default=3_000, ge=1)
+    vlm_image_size: int = Field(default=448, ge=28)
+    vlm_samples_per_shard: int = Field(default=100, ge=1)
+    vlm_batch_size: int = Field(default=8, ge=1)
+    vlm_max_sequence_length: int = Field(default=1024, ge=16)
+    vlm_samples_per_run: int = Field(default=2_400, ge=1)
+    vlm_worker_counts: tuple[int, ...] = (0, 2)
     seed: int = 1234
     #: Seconds any single Ray call may take before the run fails.
     ray_timeout_s: float = Field(default=300.0, gt=0)
@@ -59,4 +81,14 @@ class BenchSettings(BaseModel):
             micro_conversations=60,
             transfer_repeats=2,
             ray_timeout_s=60.0,
+            worker_counts=(2,),
+            sweep_samples_per_run=48,
+            restore_ranks=2,
+            restore_worker_counts=(2,),
+            vlm_samples=64,
+            vlm_image_size=224,
+            vlm_samples_per_shard=16,
+            vlm_batch_size=4,
+            vlm_max_sequence_length=512,
+            vlm_samples_per_run=24,
         )

@@ -23,10 +23,12 @@ import warnings
 from collections import UserDict
 from collections.abc import Mapping, Sequence
 from copy import deepcopy
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
+import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory tensor reducers)
 from typing_extensions import Self
 
 from rl_data.packed_tensor import PackedTensor, RowIndices, normalize_row_indices
@@ -318,7 +320,9 @@ def _tensor_to_bytes(t: torch.Tensor) -> _TensorBytes:
     return _TensorBytes(flat.view(torch.uint8).numpy(), t.dtype, tuple(t.shape))
 
 
-def _tensor_from_bytes(b: _TensorBytes) -> torch.Tensor:
+def _tensor_from_bytes(b: _TensorBytes | torch.Tensor) -> torch.Tensor:
+    if isinstance(b, torch.Tensor):  # sent by torch's multiprocessing pickler (shared memory)
+        return b
     with warnings.catch_warnings():
         # Arrays read from Ray's object store are flagged read-only; the tensor views them.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -333,15 +337,16 @@ class _TensorCollectingPickler(pickle.Pickler):
     back into Python only for tensors (a ``persistent_id`` hook is called for every object).
     """
 
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, keep_tensors: bool = False) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.dispatch_table = {**copyreg.dispatch_table, torch.Tensor: self._reduce_tensor}
-        self.large: list[_TensorBytes] = []
+        self.keep_tensors = keep_tensors
+        self.large: list[_TensorBytes | torch.Tensor] = []
         self.pools: dict[torch.dtype, list[torch.Tensor]] = {}
 
     def _reduce_tensor(self, t: torch.Tensor) -> tuple:
         if t.nbytes >= POOLED_TENSOR_MAX_BYTES:
-            self.large.append(_tensor_to_bytes(t))
+            self.large.append(t.detach() if self.keep_tensors else _tensor_to_bytes(t))
             return _large_tensor, (len(self.large) - 1,)
         pool = self.pools.setdefault(t.dtype, [])
         if t.ndim == 1 and t.is_cpu and not t.requires_grad:
@@ -364,15 +369,25 @@ def _pooled_tensor(dtype: torch.dtype, index: int, shape: tuple[int, ...]) -> to
     return flat if len(shape) == 1 else flat.view(shape)
 
 
-def _encode_batched_data_dict(data: Mapping[str, Any]) -> _Encoded:
+def _encode_batched_data_dict(data: Mapping[str, Any], keep_tensors: bool = False) -> _Encoded:
+    """``keep_tensors``: the large tensors and the pools stay torch tensors (for torch's
+    multiprocessing pickler, which moves them through shared memory), else raw buffers."""
     stream = io.BytesIO()
-    pickler = _TensorCollectingPickler(stream)
+    pickler = _TensorCollectingPickler(stream, keep_tensors)
     pickler.dump(dict(data))
+    as_buffer = (lambda t: t) if keep_tensors else _tensor_to_bytes
     pools = {
-        dtype: (_tensor_to_bytes(torch.cat(parts)), [part.numel() for part in parts])
+        dtype: (as_buffer(torch.cat(parts)), [part.numel() for part in parts])
         for dtype, parts in pickler.pools.items()
     }
     return _Encoded(stream.getvalue(), pickler.large, pools)
+
+
+def _reduce_for_worker_processes(batch: BatchedDataDict) -> tuple:
+    """How torch's ``ForkingPickler`` (DataLoader / Energon workers -> their loader) sends a
+    batch: tensors stay tensors, so torch moves them through shared memory instead of copying
+    them into the pickle (a 58 MB image batch: 197 ms in band, 32 ms this way)."""
+    return _rebuild_batched_data_dict, (type(batch), _encode_batched_data_dict(batch.data, keep_tensors=True))
 
 
 def _rebuild_batched_data_dict(cls: type, encoded: _Encoded) -> BatchedDataDict:
@@ -383,3 +398,7 @@ def _rebuild_batched_data_dict(cls: type, encoded: _Encoded) -> BatchedDataDict:
         return cls(pickle.loads(encoded.structure))
     finally:  # a BatchedDataDict nested in another one is rebuilt while its parent unpickles
         _unpickling.encoded, _unpickling.pools = outer
+
+
+for _cls in (BatchedDataDict, SlicedDataDict):
+    ForkingPickler.register(_cls, _reduce_for_worker_processes)

@@ -579,3 +579,19 @@ def test_pooled_list_pickles_its_tensors_in_one_buffer_per_dtype_and_unpickles_a
         assert got["uid"] == want["uid"] and torch.equal(got["log"][0]["token_ids"], want["log"][0]["token_ids"])
         assert got["log"][0]["token_ids"].dtype == torch.long and torch.equal(got["mask"], want["mask"])
     assert len(buffers) == 2  # int64 and float32 pools, not 40 tensors
+
+
+def test_worker_process_pickling_keeps_tensors_out_of_the_pickle():
+    """Energon / DataLoader workers send batches with torch's ForkingPickler: tensors must go
+    through shared memory (not be copied in band), small ones still pooled."""
+    from multiprocessing.reduction import ForkingPickler
+
+    big = torch.arange(4 * 1024 * 1024, dtype=torch.float32).reshape(4, -1)  # 16 MB
+    logs = [[{"role": "user", "token_ids": torch.arange(n)}] for n in (3, 5, 7)]
+    batch = BatchedDataDict(pixel_values=big, message_log=logs, source_ids=["a", "b", "c"])
+    payload = bytes(ForkingPickler.dumps(batch))
+    assert len(payload) < 64 * 1024  # the 16 MB tensor is a shared-memory handle
+    again = pickle.loads(payload)
+    assert type(again) is BatchedDataDict and again["source_ids"] == ["a", "b", "c"]
+    assert torch.equal(again["pixel_values"], big)
+    assert [m[0]["token_ids"].tolist() for m in again["message_log"]] == [list(range(n)) for n in (3, 5, 7)]

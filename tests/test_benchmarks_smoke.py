@@ -21,7 +21,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(250)
+@pytest.mark.timeout(330)
 def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
     completed = subprocess.run(
@@ -30,26 +30,40 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=320,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
 
     contenders = results["contenders"]
-    assert sorted(contenders) == [
-        "a_energon_bare/packed",
-        "b_rl_data_1rank/packed",
-        "c_ray_data/packed",
-        "d_torchdata/packed",
-    ]
+    sweep = ["b_rl_data_1rank_w2/packed", "d_torchdata_w2/packed"]
+    vlm = ["b_rl_data_1rank_w0/vlm", "b_rl_data_1rank_w2/vlm", "d_torchdata_w0/vlm", "d_torchdata_w2/vlm"]
+    restored = ["a_energon_bare/packed", "b_rl_data_1rank/packed", "b_rl_data_2rank_w2/packed", "c_ray_data/packed", "d_torchdata/packed"]
+    assert sorted(contenders) == sorted(restored + sweep + vlm)
+    settings = results["settings"]
     for name, figures in contenders.items():
         assert "error" not in figures, (name, figures.get("traceback"))
-        for key in ("samples_per_s", "non_pad_tokens_per_s", "time_to_first_batch_s", "wait_p50_ms", "wait_p99_ms", "checkpoint_restore_s"):
+        for key in ("samples_per_s", "non_pad_tokens_per_s", "time_to_first_batch_s", "wait_p50_ms", "wait_p99_ms"):
             assert math.isfinite(figures[key]) and figures[key] >= 0, (name, key, figures[key])
-        assert figures["samples"] >= results["settings"]["samples_per_run"], name
+        expected = settings["samples_per_run"]
+        if name in sweep or name.startswith("b_rl_data_2rank_w"):
+            expected = settings["sweep_samples_per_run"]
+        elif name in vlm:
+            expected = settings["vlm_samples_per_run"]
+        assert figures["samples"] >= expected, name
         assert 0 < figures["non_pad_share"] <= 1, name
-        assert figures["restore_exact"] is True, name
         assert figures["rounds_non_pad_tokens_per_s"] == [figures["non_pad_tokens_per_s"]], name  # 1 round
+        if name in restored:
+            assert math.isfinite(figures["checkpoint_restore_s"]) and figures["checkpoint_restore_s"] >= 0, name
+            assert figures["restore_exact"] is True, name
+        else:  # the sweep runs measure throughput only
+            assert "checkpoint_restore_s" not in figures, name
+    assert contenders["b_rl_data_2rank_w2/packed"]["batches_replayed_on_restore"] == 0  # restore with Energon workers
+    assert contenders["a_energon_bare/packed"]["steady_non_pad_tokens_per_cpu_s"] > 0
+    assert [(row["mode"], row["workers"]) for row in results["worker_sweep"]] == [("packed", 2)]
+    assert results["worker_sweep"][0]["b_over_d"] > 0
+    assert [row["contender"] for row in results["vlm"]] == sorted(vlm)
+    assert all(row["images_per_s"] > 0 for row in results["vlm"])
     assert contenders["c_ray_data/packed"]["batches_replayed_on_restore"] >= 1
     assert contenders["b_rl_data_1rank/packed"]["batches_replayed_on_restore"] == 0
     assert contenders["c_ray_data/packed"]["checkpoint_save_s"] is None
@@ -67,14 +81,30 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     ]
     assert all(0 < row["utilization"] <= 1 for row in micro["packing"])
     assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
-    assert {t["target"] for t in results["targets"]} >= {"chat formatting / raw encode of the same text", "b(1 rank) / a, packed"}
+    judged = {t["target"]: t for t in results["targets"]}
+    assert set(judged) >= {
+        "chat formatting / raw encode of the same text (issue 7)",
+        "b(1 rank) / a in every round, packed",
+        "b(1rank) time to first batch / d's, packed",
+        "a's steady tokens per CPU-second / chat formatting's alone, packed",
+        "b(2 rank, 2 Energon workers each) restore < 1 s with no replayed batch, packed",
+        "VLM rank actor, 2 Energon workers / 0 workers, samples (images) per s",
+    }
+    assert judged["b(1 rank) / a in every round, packed"]["rounds"] == [judged["b(1 rank) / a in every round, packed"]["value"]]
+    for target in judged.values():  # every target the quick run can judge has a value
+        if "restore" not in target["target"] or "2 Energon" in target["target"]:
+            assert target["value"] is not None, target
 
     markdown = (tmp_path / "results.md").read_text()
     assert markdown.startswith("# rl_data benchmark results\n")
-    for heading in ("## Contenders", "## Targets", "### Chat formatting vs raw encode of the same text", "### Packing algorithms", "### 32 MB batch"):
+    for heading in (
+        "## Contenders", "## Targets", "## Workers per rank", "## VLM", "## Per CPU-second",
+        "### Chat formatting vs raw encode of the same text", "### Packing algorithms", "### 32 MB batch",
+    ):  # fmt: skip
         assert heading in markdown
     header = next(line for line in markdown.splitlines() if line.startswith("| contender |"))
-    rows = [line for line in markdown.splitlines() if line.startswith("| a_energon_bare/packed |")]
+    section = markdown.split("## Contenders", 1)[1].split("\n## ", 1)[0]  # other tables name contenders too
+    rows = [line for line in section.splitlines() if line.startswith("| a_energon_bare/packed |")]
     assert len(rows) == 1 and rows[0].count("|") == header.count("|")
     assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_SIGNATURE
 

@@ -86,7 +86,7 @@ def test_loader_defaults():
         "packing_buffer_size": None,
         "seed_offset": 0,
         "prefetch_factor": 2,
-        "checkpoint_every_sec": 60.0,
+        "checkpoint_every_sec": 0.0,
         "watchdog_timeout_seconds": 60.0,
         "task_encoder": "chat_sft",
         "cooker": None,
@@ -105,7 +105,7 @@ def test_loader_defaults():
             "shuffle_buffer_size=0: Input should be greater than or equal to 1",
         ),
         ({"prefetch_factor": 0}, "prefetch_factor=0: Input should be greater than or equal to 1"),
-        ({"checkpoint_every_sec": 0}, "checkpoint_every_sec=0: Input should be greater than 0"),
+        ({"checkpoint_every_sec": -1}, "checkpoint_every_sec=-1: Input should be greater than or equal to 0"),
         (
             {"max_failure_ratio": 1.5},
             "max_failure_ratio=1.5: Input should be less than or equal to 1",

@@ -34,9 +34,13 @@ def test_batch_stats_of_unpacked_sft_and_preference_batches():
     assert batch_stats(preference) == BatchStats(samples=1, non_pad_tokens=9, packing_efficiency=None)
     truncated = BatchedDataDict(message_log=[[_message(4)], [_message(2)], [_message(3)]], loss_multiplier=torch.tensor([1.0, 0.0, 0.0]))
     assert batch_stats(truncated) == BatchStats(samples=3, non_pad_tokens=9, packing_efficiency=None, zero_loss_samples=2)
+    padded = BatchedDataDict(
+        input_ids=torch.zeros(3, 8), input_lengths=torch.tensor([8, 5, 2], dtype=torch.int32), loss_multiplier=torch.tensor([1.0, 1.0, 0.0])
+    )
+    assert batch_stats(padded) == BatchStats(samples=3, non_pad_tokens=15, packing_efficiency=None, zero_loss_samples=1)
     with pytest.raises(
         ValueError,
-        match=r"cannot measure a batch with keys \['input_ids'\]; expected 'packing_metrics' \(packed SFT\) or 'message_log\*' columns",
+        match=r"cannot measure a batch with keys \['input_ids'\]; expected 'packing_metrics' \(packed SFT\), 'message_log\*' columns",
     ):
         batch_stats(BatchedDataDict(input_ids=torch.zeros(2, 3)))
 
@@ -162,7 +166,7 @@ def test_checkpoint_loads_and_rank_recoveries_are_counted(ray_session, metrics_p
             ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
         assert ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["restarts"] == [1, 0]
 
-        tokens = sum(m["token_ids"].numel() for b in rank1_batches for log in b["message_log"] for m in log)
+        tokens = sum(int(b["input_lengths"].sum()) for b in rank1_batches)
         expected = {
             _key("ray_rl_data_coordinator_restores_total", coordinator=name, kind="checkpoint"): 1,
             _key("ray_rl_data_coordinator_restores_total", coordinator=name, kind="rank_recovery"): 1,

@@ -106,9 +106,9 @@ def dataset(tmp_path_factory):
     return root, split_keys, records
 
 
-def build(root, processor, *, split_role="validation", energon=None, **overrides):
+def build(root, processor, *, split_role="validation", energon=None, batch_format=None, **overrides):
     arguments = dict(
-        data_config={"energon": {"task_encoder": "vlm_sft", **(energon or {})}, "shuffle": True},
+        data_config={"energon": {"task_encoder": "vlm_sft", **(energon or {})}, "shuffle": True, "batch_format": batch_format},
         source={"path": str(root), "split": "train" if split_role == "train" else "val", "virtual_epoch_length": 3},
         processor=processor,
         batch_size=2,
@@ -204,8 +204,8 @@ def test_image_video_and_audio_samples_end_to_end(dataset, processor):
         expected = [expected_media(*records[k], processor) for k in batch["source_ids"]]
         for key in processor.media_keys:
             _assert_rows_equal(multimodal[key], [e[key] for e in expected], key)
-        for log, want in zip(batch["message_log"], expected):
-            ids = torch.cat([m["token_ids"] for m in log])
+        for row, want in enumerate(expected):
+            ids = batch["input_ids"][row, : batch["input_lengths"][row]]
             grids = {g: want[g] for g in ("image_grid_thw", "video_grid_thw")}
             image_tokens = 0 if grids["image_grid_thw"] is None else int(grids["image_grid_thw"].prod(1).sum()) // 4
             video_tokens = 0 if grids["video_grid_thw"] is None else int(grids["video_grid_thw"].prod(1).sum()) // 4
@@ -219,7 +219,7 @@ def test_image_video_and_audio_samples_end_to_end(dataset, processor):
 def test_media_tensors_sit_on_the_message_that_references_them(dataset, processor):
     root, split_keys, records = dataset
     key = next(k for k in split_keys["val"] if k.endswith("k1"))  # two images in two user turns
-    batch = next(b for b in build(root, processor) if key in b["source_ids"])
+    batch = next(b for b in build(root, processor, batch_format="message_log") if key in b["source_ids"])
     log = batch["message_log"][batch["source_ids"].index(key)]
     assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
     assert [tuple(m["image_grid_thw"].as_tensor()[0].tolist()) for m in (log[0], log[2])] == [(1, 4, 4), (1, 4, 6)]
@@ -346,7 +346,8 @@ def media_view(batch):
         ids = list(batch["source_ids"])
         tensors = {"tokens": torch.cat([m["token_ids"] for log in batch["message_log"] for m in log])}
     else:
-        ids = [i for pack in batch["source_ids"] for i in pack]
+        packed = "cu_seqlens" in batch
+        ids = [i for pack in batch["source_ids"] for i in pack] if packed else list(batch["source_ids"])
         tensors = {"input_ids": batch["input_ids"], "token_mask": batch["token_mask"]}
     for key, packed in batch.get_multimodal_dict().items():
         rows = [t.flatten().to(torch.float64) for t in packed.tensors if t is not None]

@@ -84,10 +84,10 @@ def preference_dataset(tmp_path_factory, chat_conversations):
     return root
 
 
-def _spec(root, task_encoder: str, **overrides: Any) -> LoaderSpec:
+def _spec(root, task_encoder: str, batch_format: str | None = None, **overrides: Any) -> LoaderSpec:
     energon = {"task_encoder": task_encoder, "shuffle_buffer_size": 8, "max_samples_per_sequence": 4, **overrides.pop("energon", {})}
     args: dict[str, Any] = dict(
-        data_config={"energon": energon, "shuffle": True},
+        data_config={"energon": energon, "shuffle": True, "batch_format": batch_format},
         source={"path": str(root), "split": "train", "virtual_epoch_length": 3},
         batch_size=2,
         max_sequence_length=256,
@@ -176,7 +176,7 @@ def _expected_rows(sources: list[str], media: dict[str, dict[str, bytes]], proce
 
 def _assert_rows_match_sources(batch: Any, media: dict[str, dict[str, bytes]], processor: Any) -> None:
     multimodal = batch.get_multimodal_dict()
-    rows = batch["source_ids"] if "message_log" not in batch else [[key] for key in batch["source_ids"]]
+    rows = batch["source_ids"] if "cu_seqlens" in batch else [[key] for key in batch["source_ids"]]
     for row, sources in enumerate(rows):
         expected = _expected_rows(sources, media, processor)
         for key in IMAGE_KEYS:
@@ -224,7 +224,7 @@ def test_multimodal_restore_continues_the_uninterrupted_stream(ray_session, imag
 def test_nested_media_cross_the_object_store_zero_copy(ray_session, image_dataset, processor):
     ray = ray_session
     root, _ = image_dataset
-    spec = _spec(root, "vlm_sft")
+    spec = _spec(root, "vlm_sft", batch_format="message_log")  # media nested in the message logs
     batch = _reference_batches(spec, runtime_config(1, 0), processor, 1)[0][0]
     buffers: list[pickle.PickleBuffer] = []
     stream = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)

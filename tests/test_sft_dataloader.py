@@ -54,6 +54,9 @@ def build(dataset, tokenizer, *, energon=None, source=None, data_config=None, **
 
 
 def unpacked_view(batch):
+    if "message_log" not in batch:  # padded training tensors (batch_format "tensors", the default)
+        keys = ("input_ids", "input_lengths", "token_mask", "sample_mask", "loss_multiplier")
+        return batch["source_ids"], {k: batch[k] for k in keys}
     logs = batch["message_log"]
     return batch["source_ids"], {
         "tokens": torch.cat([m["token_ids"] for log in logs for m in log]),

@@ -97,7 +97,7 @@ def test_toy_task_loads_with_its_config_in_the_identity(toy_dataset, tokenizer):
                                       **RANK_0_OF_1)
     batch = next(iter(loader))
     assert loader.identity["task"] == {"name": "toy_qa", "config": {"shout": True}}
-    user_text = tokenizer.decode(batch["message_log"][0][0]["token_ids"])
+    user_text = tokenizer.decode(batch["input_ids"][0, : batch["input_lengths"][0]])
     assert "WHAT IS" in user_text and len(batch["source_ids"]) == 4
     quiet = build_energon_sft_loader(**_toy_spec(toy_dataset).builder_kwargs(), processor=tokenizer, **RANK_0_OF_1)
     with pytest.raises(ValueError, match=r"identity changed: task.config.shout True -> False"):

@@ -103,15 +103,35 @@ def test_demo_preprocesses_trains_checkpoints_restarts_and_proves_the_continuati
         get_coordinator(config.coordinator_name, NAMESPACE)
 
 
-def test_training_actor_flattens_message_logs_and_reports_what_it_consumed(ray_session, energon_dataset, tokenizer, tmp_path):
+def _message_log_batch(batch, tokenizer, config):
+    """The batch the same loader gives with ``batch_format="message_log"``."""
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    spec, runtime = config.loader_spec(), config.runtime_config()
+    kwargs = spec.builder_kwargs()
+    kwargs["data_config"] = kwargs["data_config"].model_copy(update={"batch_format": "message_log"})
+    loader = build_energon_sft_loader(
+        **kwargs, processor=tokenizer, logical_rank=0, logical_world_size=1,
+        placement_fingerprint=placement_fingerprint(config_layout(runtime)),
+    )
+    logged = next(iter(loader))
+    loader.close()
+    assert logged["source_ids"] == batch["source_ids"]
+    return logged
+
+
+@pytest.mark.parametrize("batch_format", ["tensors", "message_log"])
+def test_training_actor_flattens_message_logs_and_reports_what_it_consumed(ray_session, energon_dataset, tokenizer, tmp_path, batch_format):
     from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors
 
     config = TrainDemoConfig(data=energon_dataset.path, work_dir=str(tmp_path), ranks=1, batch_size=3, seq_len=256)
-    batch = loader_batches(config, tokenizer, 1)[0][0]
+    tensors_batch = loader_batches(config, tokenizer, 1)[0][0]
+    logged = _message_log_batch(tensors_batch, tokenizer, config)
+    batch = tensors_batch if batch_format == "tensors" else logged
     trainer = TrainingActor(rank=0, pad_token_id=tokenizer.pad_token_id)
     report = trainer.train_step(1, [ray_session.put(batch)], timeout_s=TIMEOUT_S)
 
-    logs = [[dict(m) for m in log] for log in batch["message_log"]]
+    logs = [[dict(m) for m in log] for log in logged["message_log"]]
     add_loss_mask_to_message_log(logs)
     flat = sft_batch_tensors(logs, batch["loss_multiplier"].tolist(), pad_token_id=tokenizer.pad_token_id)
     assert report["source_ids"] == list(batch["source_ids"]) and len(report["source_ids"]) == 3

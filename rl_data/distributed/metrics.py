@@ -52,7 +52,8 @@ def batch_stats(batch: Any) -> BatchStats:
     """Stats of one SFT or preference batch, packed (``packing_metrics``) or not (message logs).
 
     Unpacked: one sample per row, tokens are every message's ``token_ids`` in every
-    ``message_log*`` column (so chosen and rejected both count).
+    ``message_log*`` column (so chosen and rejected both count), or, for padded training
+    tensors, ``input_lengths``.
     """
     if "packing_metrics" in batch:
         packs = batch["packing_metrics"]
@@ -65,14 +66,20 @@ def batch_stats(batch: Any) -> BatchStats:
             zero_loss_samples=sum(int(p.get("zero_loss_sequences", 0)) for p in packs),
         )
     columns = [key for key in batch if key.startswith("message_log")]
+    multipliers = batch.get("loss_multiplier")
+    zero_loss = int((multipliers == 0).sum()) if multipliers is not None else 0
+    if not columns and "input_lengths" in batch:
+        lengths = batch["input_lengths"]
+        return BatchStats(
+            samples=int(lengths.numel()), non_pad_tokens=int(lengths.sum()), packing_efficiency=None, zero_loss_samples=zero_loss
+        )
     if not columns:
         raise ValueError(
             f"cannot measure a batch with keys {sorted(batch)}; expected 'packing_metrics' "
-            "(packed SFT) or 'message_log*' columns (unpacked SFT, preference)"
+            "(packed SFT), 'message_log*' columns (unpacked SFT, preference) or 'input_lengths' (padded "
+            "unpacked SFT)"
         )
     tokens = sum(int(m["token_ids"].numel()) for key in columns for log in batch[key] for m in log)
-    multipliers = batch.get("loss_multiplier")
-    zero_loss = int((multipliers == 0).sum()) if multipliers is not None else 0
     return BatchStats(
         samples=len(batch[columns[0]]), non_pad_tokens=tokens, packing_efficiency=None, zero_loss_samples=zero_loss
     )

@@ -116,8 +116,10 @@ class EnergonLoaderConfig(BaseModel):
     seed_offset: int = Field(default=0, ge=0)
     #: Batches prefetched per worker.
     prefetch_factor: int = Field(default=2, ge=1)
-    #: Period of the workers' internal checkpoints; a restore replays at most this much work.
-    checkpoint_every_sec: float = Field(default=60.0, gt=0)
+    #: Least seconds between a worker's internal checkpoints; a restore replays, inside the
+    #: workers, the batches since the one it starts from. 0 (default): after every batch, so
+    #: a restore replays nothing (each costs one ``save_state`` of the worker's pipeline).
+    checkpoint_every_sec: float = Field(default=0.0, ge=0)
     #: Energon prints a stack trace when a batch takes longer (None disables the watchdog).
     watchdog_timeout_seconds: float | None = Field(default=60.0, gt=0)
     #: The task (name registered in :mod:`rl_data.tasks`, or ``"pkg.module:TASK"``): its task
@@ -156,6 +158,12 @@ class DataConfig(BaseModel):
     system_prompt: str | None = None
     #: The task's own encoder options (its ``TaskConfig``; checked by the task).
     task: dict[str, Any] = Field(default_factory=dict)
+    #: Unpacked SFT batches as training-ready padded tensors (``input_ids``, ``token_mask``,
+    #: ``sample_mask``, ``input_lengths``; the default of the SFT tasks) or as NeMo-RL's
+    #: message logs (``message_log``). None: the task's default. Packed batches are always
+    #: tensors; preference and RL prompt batches keep their own form. Not part of the loader
+    #: identity: a state restores under either form.
+    batch_format: Literal["tensors", "message_log"] | None = None
 
     @model_validator(mode="before")
     @classmethod

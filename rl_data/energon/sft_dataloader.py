@@ -442,13 +442,18 @@ def _task_encoder(
     task_config: Any = None,
     processor: Any = None,
     source_datasets: Mapping[str, str] | None = None,
+    batch_format: str | None = None,
 ) -> Any:
     """The task encoder of the task ``loader_config.task_encoder`` names (:mod:`rl_data.tasks`).
 
     ``task_config`` is that task's options (default: its config's defaults); ``processor`` is
-    passed to tasks that need the whole processor (media), default ``tokenizer``.
+    passed to tasks that need the whole processor (media), default ``tokenizer``;
+    ``batch_format`` None: padded tensors for the tasks whose encoder can make them, else
+    message logs (``DataConfig.batch_format``).
     """
     task = get_task(loader_config.task_encoder)
+    if batch_format is None:
+        batch_format = "tensors" if getattr(task.encoder_class, "TENSOR_BATCHES", False) else "message_log"
     return task.build_encoder(
         config=task.config(task_config),
         processor=tokenizer if processor is None else processor,
@@ -464,6 +469,7 @@ def _task_encoder(
         packing_seed=loader_config.seed_offset,
         failure_tolerance=loader_config.max_consecutive_failures,
         source_datasets=source_datasets,
+        batch_format=batch_format,
     )
 
 
@@ -582,6 +588,7 @@ def build_energon_sft_loader(
         task_config=task_config,
         processor=processor,
         source_datasets=member_names_by_path(members),
+        batch_format=data_config.batch_format,
     )
     common = dict(
         split_part=source.split,
@@ -598,6 +605,7 @@ def build_energon_sft_loader(
     loader = get_savable_loader(
         dataset,
         checkpoint_every_sec=loader_config.checkpoint_every_sec,
+        checkpoint_every_min_n_samples=1,  # the period alone decides (Energon: 2 x workers batches)
         n_checkpoints=loader_config.prefetch_factor * workers + 1 + _EXTRA_WORKER_CHECKPOINTS,
         prefetch_factor=loader_config.prefetch_factor,
         watchdog_timeout_seconds=loader_config.watchdog_timeout_seconds,

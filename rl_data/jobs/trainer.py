@@ -2,10 +2,12 @@
 
 A ``TrainingActor`` receives the batch's ObjectRef (wrapped in a list, so Ray does not resolve
 it on the way), fetches it from the object store and moves it to its device with
-:func:`rl_data.distributed.transfer.batch_to_device`. An unpacked batch carries message logs:
-the actor masks them (assistant turns trained) and flattens them into ``input_ids`` /
-``token_mask`` as an SFT trainer does (a preference batch: chosen rows, then rejected rows; a
-multimodal batch's media stay in its ``get_multimodal_dict``); a packed batch is already flat.
+:func:`rl_data.distributed.transfer.batch_to_device`. SFT batches arrive as padded training
+tensors (``data_config["batch_format"]="tensors"``, the default) or packed, and are used as
+they are; a batch that carries message logs (``batch_format="message_log"``, or a preference
+batch: chosen rows, then rejected rows) is masked (assistant turns trained) and flattened into
+``input_ids`` / ``token_mask`` here, as an SFT trainer does (a multimodal batch's media stay in
+its ``get_multimodal_dict``).
 Then it runs a tiny, real forward pass: a bucketed embedding + linear next-token model (fixed
 seed, no updates) whose masked cross-entropy uses exactly the tokens the loss mask trains on.
 It reports what it consumed (sample ids, tokens, loss), which is what the job's exactness proof

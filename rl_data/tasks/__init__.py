@@ -49,6 +49,11 @@ def register_task(task: Task) -> Task:
 
 def get_task(name: str) -> Task:
     """The task registered as ``name``, or the :class:`Task` at import path ``"pkg.module:ATTR"``."""
+    if name in _TASKS:
+        return _TASKS[name]
+    builtin = f"{__name__}.{name}"
+    if builtin in BUILTIN_TASK_MODULES:  # import only this task (a rank actor needs one)
+        return register_task(importlib.import_module(builtin).TASK)
     tasks = registered_tasks()
     if name in tasks:
         return tasks[name]

@@ -243,6 +243,7 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
 
     COMPONENT_VERSION = 1
     DEFAULT_COOKER = RLPromptCooker
+    TENSOR_BATCHES = False
 
     def __init__(self, *, generation_padding: Literal["left", "right", "none"] = "left", **options: Any) -> None:
         """``options``: those of :class:`BaseSFTTaskEncoder`, without packing. The adapter must

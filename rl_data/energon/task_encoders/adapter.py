@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,28 +19,7 @@ from typing import Any
 from rl_data.interfaces import LLMMessageLogType, TaskDataSpec
 from rl_data.tokenization import get_formatted_message_log
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
-
-
-_VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-
-
-def vocab_fingerprint(tokenizer: Any) -> str:
-    """sha256 of the tokenizer's vocabulary (token -> id), cached per tokenizer object.
-
-    Identifies the tokenizer by content rather than by where it was loaded from, so the same
-    tokenizer cached at another path (another machine, another user) restores.
-    """
-    try:
-        return _VOCAB_FINGERPRINTS[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    canonical = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
-    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-    try:
-        _VOCAB_FINGERPRINTS[tokenizer] = digest
-    except TypeError:  # not weak-referenceable: recomputed next time
-        pass
-    return digest
+from rl_data.tokenization.vocab_fingerprint import vocab_fingerprint
 
 
 def _template_digest(template: Any) -> str | None:

@@ -7,9 +7,12 @@ Pipeline (Energon 7.4): cooker (raw -> :class:`ChatSample`) -> :meth:`encode_sam
 Energon rebuilds in-flight samples on restore by re-running those stages, and refuses to
 restore a packing loader otherwise.
 
-Unpacked batches: ``message_log`` (list of message logs, no loss masks: ``only_unmask_final``
-is applied by the consumer), ``loss_multiplier`` (float32 ``[B]``) and ``source_ids`` (the
-sample keys). Packed batches: see :func:`rl_data.energon.task_encoders.packing.collate_packs`.
+Unpacked batches, ``batch_format="message_log"``: ``message_log`` (list of message logs, no
+loss masks: ``only_unmask_final`` is applied by the consumer), ``loss_multiplier`` (float32
+``[B]``) and ``source_ids`` (the sample keys); ``batch_format="tensors"``: the padded training
+tensors of :func:`~rl_data.energon.task_encoders.collate.padded_sft_tensors` (loss masks and
+``only_unmask_final`` applied here) instead of ``message_log``, plus ``loss_multiplier`` and
+``source_ids``. Packed batches: see :func:`rl_data.energon.task_encoders.packing.collate_packs`.
 A sample whose length reaches ``max_sequence_length`` is truncated (every message cut to
 ``min(4, max_sequence_length // n_messages)`` tokens) and gets ``loss_multiplier`` 0.
 """
@@ -22,9 +25,12 @@ import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, Sample, edataclass, stateless
 
 from rl_data.batched_data_dict import BatchedDataDict
+from rl_data.energon.packing_restore import PackingRestoreCache
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
+from rl_data.energon.task_encoders.collate import padded_sft_tensors
 from rl_data.energon.task_encoders.cookers import ChatCooker
 from rl_data.energon.task_encoders.packing import build_pack, collate_packs, select_packs
+from rl_data.fingerprint import fingerprint
 from rl_data.packing import get_packer
 from rl_data.tokenization import truncate_message_log
 
@@ -70,6 +76,11 @@ class BaseSFTTaskEncoder(
     DEFAULT_COOKER: type = ChatCooker
     #: Energon must hand raw bytes to the cooker, which decodes and validates them.
     decoder = None
+    #: Whether unpacked batches can be padded tensors (subclasses with their own ``batch``
+    #: form say False).
+    TENSOR_BATCHES = True
+    #: ``batch_format`` values.
+    BATCH_FORMATS = ("tensors", "message_log")
 
     def __init__(
         self,
@@ -86,12 +97,21 @@ class BaseSFTTaskEncoder(
         packing_seed: int = 0,
         failure_tolerance: Optional[int] = None,
         source_datasets: Optional[Mapping[str, str]] = None,
+        batch_format: str = "message_log",
     ) -> None:
         """``cooker`` (a cooker class) None selects :attr:`DEFAULT_COOKER`; ``failure_tolerance``
         overrides Energon's consecutive-failure limit per stage (default 100);
         ``source_datasets`` (dataset path -> mixture member name) adds a ``source_datasets``
-        column to every batch: the member of each row (a list per pack)."""
+        column to every batch: the member of each row (a list per pack); ``batch_format``:
+        unpacked batches as ``"message_log"`` or padded ``"tensors"`` (module docstring)."""
         super().__init__()
+        if batch_format not in self.BATCH_FORMATS or (batch_format == "tensors" and not self.TENSOR_BATCHES):
+            allowed = self.BATCH_FORMATS if self.TENSOR_BATCHES else ("message_log",)
+            raise ValueError(
+                f"batch_format {batch_format!r} is not available for {type(self).__name__}; "
+                f"expected one of {list(allowed)} (data_config['batch_format'], None for the task's default)"
+            )
+        self.batch_format = batch_format
         self.source_datasets = dict(source_datasets) if source_datasets else None
         if max_sequence_length != adapter.max_sequence_length:
             raise ValueError(
@@ -154,6 +174,19 @@ class BaseSFTTaskEncoder(
             adapter_fingerprint=self.adapter.fingerprint,
         )
 
+    def build_batch(self, dataset: Any, *, packing_buffer_size: Optional[int] = None, **options: Any) -> Any:
+        """Energon's batching; packing reads through a :class:`PackingRestoreCache`, so a restored
+        loader gets the packing buffers' encoded samples from the state instead of re-encoding."""
+        if packing_buffer_size is None:
+            return super().build_batch(dataset, **options)
+        cache = PackingRestoreCache(
+            dataset,
+            sample_type=EncodedSFTSample,
+            fingerprint=fingerprint({"adapter": self.adapter.fingerprint, "components": self.component_versions}),
+            worker_config=options["worker_config"],
+        )
+        return cache.feeding(super().build_batch(cache, packing_buffer_size=packing_buffer_size, **options))
+
     def select_samples_to_pack(self, samples: list[EncodedSFTSample]) -> list[list[EncodedSFTSample]]:
         """Bins of the packing algorithm over the buffer; fingerprints never mix in a bin."""
         self._require_packing("select_samples_to_pack")
@@ -205,10 +238,18 @@ class BaseSFTTaskEncoder(
                 source_ids=[s.source_ids for s in samples] if self.include_source_ids else None,
             )
             return self.with_source_datasets(batch, samples)
-        batch = BatchedDataDict(
-            message_log=[s.message_log for s in samples],
-            loss_multiplier=torch.tensor([s.loss_multiplier for s in samples], dtype=torch.float32),
-        )
+        multipliers = [s.loss_multiplier for s in samples]
+        if self.batch_format == "tensors":
+            batch = padded_sft_tensors(
+                [s.message_log for s in samples],
+                multipliers,
+                pad_token_id=self.adapter.pad_token_id,
+                pad_multiple=self.sequence_length_pad_multiple,
+                only_unmask_final=self.only_unmask_final,
+            )
+        else:
+            batch = BatchedDataDict(message_log=[s.message_log for s in samples])
+        batch["loss_multiplier"] = torch.tensor(multipliers, dtype=torch.float32)
         if self.include_source_ids:
             batch["source_ids"] = [s.__key__ for s in samples]
         return self.with_source_datasets(batch, samples)

@@ -83,6 +83,7 @@ class PreferenceTaskEncoder(BaseSFTTaskEncoder):
 
     COMPONENT_VERSION = 1
     DEFAULT_COOKER = PreferenceCooker
+    TENSOR_BATCHES = False
 
     def __init__(self, **options: Any) -> None:
         if options.get("packing_algorithm") is not None:

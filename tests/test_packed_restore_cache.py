@@ -1,0 +1,309 @@
+"""A restored packing loader gets its packing buffers' encoded samples from the state
+(:mod:`rl_data.energon.packing_restore`) instead of re-encoding them, with the same batches.
+
+Encode calls are logged (by the cooked sample's restore key) to a file, so the calls of Energon
+worker processes are counted too: a buffered sample re-encoded on restore is encoded under the
+restore key it had when it was first encoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import pytest
+import torch
+
+from energon_fixtures import SINGLE_RANK_UNPACKED, SMALL_PACKING, batch_source_ids, write_chat_dataset
+from restore_check import assert_restores_at_every_step, stream, torch_roundtrip
+from rl_data.energon.packing_restore import STATE_KEY, PackingRestoreCache
+from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
+from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
+from rl_data.energon.task_encoders.chat_sft import ChatSFTTaskEncoder
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, chat_conversations):
+    """40 conversations of up to 4 messages, 10 shards of 4, all in the train split."""
+    return write_chat_dataset(
+        tmp_path_factory.mktemp("packed_restore"),
+        chat_conversations[:40],
+        samples_per_shard=4,
+        splits={"train": 1.0},
+        max_messages=4,
+    )
+
+
+def _build(dataset, tokenizer, num_workers: int) -> EnergonSFTDataLoader:
+    # checkpoint_every_sec tiny: every worker checkpoint is at the batch delivered, so a restore
+    # replays nothing in the workers and restores the packing buffers from the state
+    energon = {
+        "num_workers": num_workers,
+        "shuffle_buffer_size": 6,
+        "max_samples_per_sequence": 2,
+        "checkpoint_every_sec": 0.001,
+        "packing_buffer_size": 8,
+    }
+    arguments = {**SINGLE_RANK_UNPACKED, **SMALL_PACKING}
+    return build_energon_sft_loader(
+        data_config={"energon": energon, "shuffle": True},
+        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
+        processor=tokenizer,
+        batch_size=2,
+        max_sequence_length=256,
+        split_role="train",
+        **arguments,
+    )
+
+
+def _packed_view(batch):
+    ids, _ = batch_source_ids(batch)
+    return ids, {name: batch[name] for name in ("input_ids", "input_lengths", "token_mask", "sample_mask")}
+
+
+@pytest.fixture
+def encode_log(tmp_path, monkeypatch):
+    """A file with one line per ``encode_sample`` call (any process): the cooked sample's restore key."""
+    path = tmp_path / "encodes.jsonl"
+    original = ChatSFTTaskEncoder.encode_sample
+
+    @functools.wraps(original)
+    def logged(self, sample):
+        with path.open("a") as log:
+            log.write(json.dumps(sample.__restore_key__) + "\n")
+        return original(self, sample)
+
+    monkeypatch.setattr(ChatSFTTaskEncoder, "encode_sample", logged)
+    return path
+
+
+def _encoded_keys(path) -> list[tuple]:
+    if not path.exists():
+        return []
+    return [_as_tuple(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+def _as_tuple(value):
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _states(state, select) -> list:
+    """``select(mapping)`` of every mapping in a loader state's Energon rank state that has one."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            selected = select(value)
+            if selected is not None:
+                found.append(selected)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                walk(getattr(value, name))
+
+    walk(decode_rank_state(state["loader_state"].numpy().tobytes()))
+    return found
+
+
+def _saved_caches(state) -> list[dict]:
+    """The packing restore payloads of every worker in a loader state."""
+    return _states(state, lambda value: value.get(STATE_KEY))
+
+
+def _buffered(state) -> set[tuple]:
+    """Restore keys (as ``encode_sample`` saw them) of the samples in the packing buffers, from
+    Energon's own state of its packing datasets."""
+    packings = _states(state, lambda value: value if value.get("__class__") == "PackingDataset" else None)
+    return {
+        key[2:]  # without the encode stage's ("MapDataset", index)
+        for packing in packings
+        for buffer in ("_reading_buffer", "_pre_packing_buffer")
+        for key in packing[buffer]["_restore_keys"]
+    }
+
+
+def _without_caches(state) -> dict:
+    """``state`` as an rl_data without the packing restore cache saved it."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            value.pop(STATE_KEY, None)
+            for item in value.values():
+                strip(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                strip(item)
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                strip(getattr(value, name))
+        return value
+
+    rank_state = strip(decode_rank_state(state["loader_state"].numpy().tobytes()))
+    payload = bytearray(encode_rank_state(rank_state))
+    return {**state, "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone()}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
+def test_packed_loader_restores_exactly_at_every_step(dataset, tokenizer, num_workers):
+    assert_restores_at_every_step(
+        lambda: _build(dataset, tokenizer, num_workers),
+        steps=7 if num_workers else 13,
+        extract=_packed_view,
+        close=EnergonSFTDataLoader.close,
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
+def test_restore_does_not_re_encode_the_packing_buffers(dataset, tokenizer, encode_log, num_workers):
+    loader = _build(dataset, tokenizer, num_workers)
+    reference = stream(loader, _packed_view, 6)
+    loader.close()
+    loader = _build(dataset, tokenizer, num_workers)
+    stream(loader, _packed_view, 3)
+    state = torch_roundtrip(loader.state_dict())
+    loader.close()
+    buffered = _buffered(state)
+    assert buffered, "the packing buffers are empty in the saved state: nothing to check"
+
+    encode_log.unlink(missing_ok=True)
+    restored = _build(dataset, tokenizer, num_workers)
+    restored.load_state_dict(state)
+    rest = stream(restored, _packed_view, 3)
+    restored.close()
+    re_encoded = buffered & set(_encoded_keys(encode_log))
+    assert not re_encoded, f"{len(re_encoded)} of {len(buffered)} buffered samples were re-encoded on restore"
+    assert len(_saved_caches(state)) == max(1, num_workers)  # one per worker
+    assert [s.ids for s in rest] == [s.ids for s in reference[3:]]
+    for want, got in zip(reference[3:], rest):
+        assert all(torch.equal(want.tensors[n], got.tensors[n]) for n in want.tensors)
+
+
+@pytest.mark.timeout(120)
+def test_restore_encodes_only_what_the_uninterrupted_run_encodes(dataset, tokenizer, encode_log):
+    # 0 workers: restore + first batch encodes exactly the new samples the uninterrupted run
+    # encoded for that batch (the buffered ones come from the state)
+    loader = _build(dataset, tokenizer, 0)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = torch_roundtrip(loader.state_dict())
+    before = len(_encoded_keys(encode_log))
+    next(batches)
+    uninterrupted = _encoded_keys(encode_log)[before:]
+    loader.close()
+
+    encode_log.unlink(missing_ok=True)
+    restored = _build(dataset, tokenizer, 0)
+    restored.load_state_dict(state)
+    next(iter(restored))
+    restored.close()
+    assert _encoded_keys(encode_log) == uninterrupted
+
+
+@pytest.mark.timeout(120)
+def test_a_state_without_the_cache_restores_exactly_by_re_encoding(dataset, tokenizer, encode_log):
+    loader = _build(dataset, tokenizer, 0)
+    reference = stream(loader, _packed_view, 6)
+    loader.close()
+    loader = _build(dataset, tokenizer, 0)
+    stream(loader, _packed_view, 3)
+    state = torch_roundtrip(loader.state_dict())
+    loader.close()
+    buffered = _buffered(state)
+    old_state = torch_roundtrip(_without_caches(state))
+    assert not _saved_caches(old_state)
+
+    encode_log.unlink(missing_ok=True)
+    restored = _build(dataset, tokenizer, 0)
+    restored.load_state_dict(old_state)
+    rest = stream(restored, _packed_view, 3)
+    restored.close()
+    assert buffered <= set(_encoded_keys(encode_log))  # re-encoded, as before the cache
+    assert [s.ids for s in rest] == [s.ids for s in reference[3:]]
+    for want, got in zip(reference[3:], rest):
+        assert all(torch.equal(want.tensors[n], got.tensors[n]) for n in want.tensors)
+
+
+def test_a_state_of_another_adapter_is_refused(dataset, tokenizer):
+    loader = _build(dataset, tokenizer, 0)
+    stream(loader, _packed_view, 2)
+    state = torch_roundtrip(loader.state_dict())
+    loader.close()
+    other = build_energon_sft_loader(
+        data_config={
+            "energon": {"shuffle_buffer_size": 6, "max_samples_per_sequence": 2, "packing_buffer_size": 8},
+            "shuffle": True,
+            "add_eos": False,
+        },
+        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
+        processor=tokenizer,
+        batch_size=2,
+        max_sequence_length=256,
+        split_role="train",
+        **{**SINGLE_RANK_UNPACKED, **SMALL_PACKING},
+    )
+    with pytest.raises(ValueError, match="identity changed: adapter"):
+        other.load_state_dict(state)
+
+
+def _cache_of(loader: EnergonSFTDataLoader) -> PackingRestoreCache:
+    dataset = loader._loader.dataset
+    while not isinstance(dataset, PackingRestoreCache):
+        dataset = dataset.dataset
+    return dataset
+
+
+def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokenizer):
+    loader = _build(dataset, tokenizer, 0)
+    stream(loader, _packed_view, 2)
+    cache = _cache_of(loader)
+    samples = list(cache._packing._reading_buffer.buffer) + list(cache._packing._pre_packing_buffer.buffer)
+    loader.close()
+    assert samples
+    for sample in samples:
+        rebuilt = cache._rebuild(sample.__restore_key__, cache._compact(sample))
+        assert type(rebuilt) is type(sample)
+        for field in dataclasses.fields(sample):
+            if field.name != "message_log":
+                assert getattr(rebuilt, field.name) == getattr(sample, field.name), field.name
+        assert len(rebuilt.message_log) == len(sample.message_log)
+        for want, got in zip(sample.message_log, rebuilt.message_log):
+            assert list(got) == list(want)  # same keys, same order
+            assert torch.equal(got["token_ids"], want["token_ids"]) and got["token_ids"].dtype == torch.int64
+            assert {k: v for k, v in got.items() if k != "token_ids"} == {
+                k: v for k, v in want.items() if k != "token_ids"
+            }
+    sample = samples[0]
+    first = sample.message_log[0]
+    not_json = [
+        {"tool_calls": ("a tuple",)},  # would come back as a list
+        {"pixels": torch.zeros(2)},  # media tensors
+        {"content": float("nan")},
+    ]
+    for extra in not_json:
+        message = {**{k: v for k, v in first.items() if k != "token_ids"}, **extra, "token_ids": first["token_ids"]}
+        changed = dataclasses.replace(sample, message_log=[message, *sample.message_log[1:]])
+        assert cache._compact(changed) is None, extra
+    token_ids_not_last = {"token_ids": first["token_ids"], **{k: v for k, v in first.items() if k != "token_ids"}}
+    assert cache._compact(dataclasses.replace(sample, message_log=[token_ids_not_last])) is None
+
+
+def test_saved_samples_of_another_encoder_are_ignored_and_another_version_refused(dataset, tokenizer):
+    loader = _build(dataset, tokenizer, 0)
+    stream(loader, _packed_view, 2)
+    cache = _cache_of(loader)
+    payload = cache._state()
+    loader.close()
+    assert len(cache._from_state(payload)) == len(payload["restore_keys"]) > 0
+    assert cache._from_state({**payload, "fingerprint": "another encoder"}) == {}  # re-encoded
+    with pytest.raises(ValueError, match="version 2, expected 1"):
+        cache._from_state({**payload, "version": 2})
+    with pytest.raises(ValueError, match="damaged"):
+        cache._from_state({**payload, "samples": payload["samples"][1:]})
