@@ -21,7 +21,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(330)
+@pytest.mark.timeout(930)
 def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
     completed = subprocess.run(
@@ -30,7 +30,7 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=320,
+        timeout=900,  # ~200 s alone on 2 cores; a loaded CI machine takes much longer
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

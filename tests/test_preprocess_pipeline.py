@@ -124,7 +124,7 @@ def test_the_loader_yields_exactly_the_accepted_conversations(mixed_input, mixed
     seen = {}
     for split in ("train", "val", "test"):
         loader = build_energon_sft_loader(
-            data_config={"energon": {}}, source={"path": str(output), "split": split}, processor=tokenizer,
+            data_config={"energon": {}, "batch_format": "message_log"}, source={"path": str(output), "split": split}, processor=tokenizer,
             batch_size=3, max_sequence_length=100_000, split_role="validation", logical_rank=0,
             logical_world_size=1, placement_fingerprint="preprocess-test", packing_algorithm=None,
             max_sequences_per_bin=None, sequence_length_pad_multiple=1, only_unmask_final=False,
