@@ -130,13 +130,18 @@ class SavedState:
         return torch.load(io.BytesIO(self.data), weights_only=weights_only)
 
 
+#: Seconds between memory samples of a Ray session's process tree (see :class:`PeakMemory`).
+RAY_TREE_INTERVAL_S = 5.0
+
+
 class PeakMemory:
     """Peak proportional set size (PSS, shared pages split) of this process tree, in MB, above a baseline.
 
     PSS rather than RSS so Ray's shared object-store pages and forked workers' shared pages
-    are not counted once per process. Use as a context manager; read :attr:`peak_mb`. Sampled
-    once a second: reading PSS walks every process's page tables, and at 4 Hz over a Ray
-    session's ~15 processes it took ~0.2 of a core from the measured contender.
+    are not counted once per process. Use as a context manager; read :attr:`peak_mb`. Reading
+    PSS walks every process's page tables: one sample of a Ray session's process tree costs
+    ~0.1 CPU-s (measured), so a Ray contender samples every :data:`RAY_TREE_INTERVAL_S` (at
+    1 Hz it took ~10 % of a core from the measured contender; a few processes: every second).
     """
 
     def __init__(self, interval_s: float = 1.0) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from benchmarks.encoding import collate_unpacked, encode_line, packs_of
-from benchmarks.measure import PeakMemory, consume
+from benchmarks.measure import RAY_TREE_INTERVAL_S, PeakMemory, consume
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import Workload
 
@@ -154,7 +154,7 @@ def run(workload: Workload, settings: BenchSettings, *, packing: bool, tokenizer
     consumer = ray.remote(num_cpus=0)(RayDataConsumer).remote(
         settings.model_dump_json(), int(tokenizer.pad_token_id)
     )
-    with PeakMemory() as memory:
+    with PeakMemory(RAY_TREE_INTERVAL_S) as memory:
         start_wall = time.time()
         split = build_split(workload, settings, packing=packing)
         result = ray.get(consumer.measure.remote(split, packing, start_wall), timeout=timeout)

@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.encoding import merge_step, training_batch
 from benchmarks.energon_bare import loader_kwargs
-from benchmarks.measure import PeakMemory, consume
+from benchmarks.measure import RAY_TREE_INTERVAL_S, PeakMemory, consume
 from benchmarks.settings import BenchSettings
 from benchmarks.vlm import VlmWorkload, touch_media, vlm_training_batch
 from benchmarks.workload import Workload
@@ -162,7 +162,7 @@ def run(
     consumer = ray.remote(num_cpus=0)(CoordinatorConsumer).remote(settings.model_dump_json(), vlm)
     ray.get(consumer.__ray_ready__.remote(), timeout=timeout)
     if not restore:
-        with PeakMemory() as memory:
+        with PeakMemory(RAY_TREE_INTERVAL_S) as memory:
             start_wall = time.time()
             coordinator = _start(workload, settings, packing=packing, ranks=ranks, name=name, workers=workers)
             result = ray.get(consumer.measure.remote(coordinator, start_wall, None), timeout=timeout * 4)
@@ -173,7 +173,7 @@ def run(
         ray.kill(consumer)
         return result
     with tempfile.TemporaryDirectory(prefix="rl_data_bench_ckpt-") as checkpoint_dir:
-        with PeakMemory() as memory:
+        with PeakMemory(RAY_TREE_INTERVAL_S) as memory:
             start_wall = time.time()
             coordinator = _start(workload, settings, packing=packing, ranks=ranks, name=name, workers=workers)
             result = ray.get(consumer.measure.remote(coordinator, start_wall, checkpoint_dir), timeout=timeout * 4)

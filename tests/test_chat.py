@@ -305,6 +305,26 @@ def test_delimiters_inside_content_fall_back_to_prefix_renders(tokenizer, monkey
     assert_same_message_logs(log, get_formatted_message_log_reference(straddling, tokenizer))
 
 
+def test_prefix_renders_of_the_chatml_template_need_no_jinja(tokenizer, monkeypatch):
+    # a long chat with an emoticon ending a middle turn (">_<", the beginning of "<|im_end|>")
+    # takes the prefix renders: one per message, ~10x faster without Jinja, the same text
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + (">_<" if i == 5 else "ok")}
+        for i in range(40)
+    ]
+    reference = get_formatted_message_log_reference(messages, tokenizer, add_generation_prompt=True)
+    chat.formatting_path(tokenizer)
+    jinja_renders = []
+    real = chat._render
+    monkeypatch.setattr(chat, "_render", lambda *a: jinja_renders.append(1) or real(*a))
+    prefix_renders = []
+    real_prefix = chat._chunks_from_prefix_renders
+    monkeypatch.setattr(chat, "_chunks_from_prefix_renders", lambda *a: prefix_renders.append(1) or real_prefix(*a))
+    log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=True)
+    assert prefix_renders == [1] and jinja_renders == []
+    assert_same_message_logs(log, reference)
+
+
 _PIECES = ["a", "Z", " ", "\n", "\n\n", "é", "e\u0301", "日本", "🙂", "{", "}", "'s", "123",
            "<|im_end|>", "<|im_start|>", "<|im_end|>\n", "<tool_call>", "<think>", "<|endoftext|>"]  # fmt: skip
 _TEXT = st.lists(st.sampled_from(_PIECES), max_size=12).map("".join)

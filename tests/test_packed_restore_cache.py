@@ -9,6 +9,7 @@ restore key it had when it was first encoded.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 
@@ -21,6 +22,10 @@ from rl_data.energon.packing_restore import STATE_KEY, PackingRestoreCache
 from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
 from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders.chat_sft import ChatSFTTaskEncoder
+
+
+class _Level(enum.IntEnum):
+    HIGH = 2
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +291,9 @@ def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokeniz
         {"tool_calls": ("a tuple",)},  # would come back as a list
         {"pixels": torch.zeros(2)},  # media tensors
         {"content": float("nan")},
+        {"meta": {1: "a non-str key"}},  # would come back as "1"
+        {"weight": _Level.HIGH},  # an int subclass: would come back as a plain int
+        {"content": "a lone surrogate \ud800"},  # not UTF-8
     ]
     for extra in not_json:
         message = {**{k: v for k, v in first.items() if k != "token_ids"}, **extra, "token_ids": first["token_ids"]}

@@ -86,23 +86,6 @@ def emitted_counters(loader: SavableDataLoader) -> list[int]:
     return list(loader._worker_sample_counters)
 
 
-def save_state_rank_at(
-    loader: SavableDataLoader, counters: list[int], next_worker: int
-) -> Any:
-    """The rank state as if the loader had emitted exactly up to ``counters`` (per worker).
-
-    Items the loader's iterator returned after those stay in the workers' replay range: each
-    worker answers with its newest checkpoint at or before its counter plus the samples to
-    skip from there.
-    """
-    saved = loader._worker_sample_counters, loader._next_worker_id
-    loader._worker_sample_counters, loader._next_worker_id = list(counters), next_worker
-    try:
-        return loader.save_state_rank()
-    finally:
-        loader._worker_sample_counters, loader._next_worker_id = saved
-
-
 def apply(version: str = megatron.energon.__version__) -> None:
     """Install the fixes (idempotent); raises for an Energon version they were not checked on."""
     _check_version(version)

@@ -31,6 +31,7 @@ from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLo
 from megatron.energon.wrappers.base import BaseWrapperDataset
 
 from rl_data.energon import energon_fixes
+from rl_data.energon.worker_checkpoints import WorkerCheckpoints, ship_checkpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,10 @@ class RankStream:
         self._pulled = 0
         self._resting_state: Any = None  # the Energon state until the first item is pulled
         self.position = StreamPosition()
+        self._checkpoints: WorkerCheckpoints | None = None
+        if self._workers > 0:
+            ship_checkpoints(loader)
+            self._checkpoints = WorkerCheckpoints(loader)
 
     def restore(self, energon_state: Any, position: StreamPosition) -> None:
         """Restore before the first item (the caller checked the state)."""
@@ -219,6 +224,7 @@ class RankStream:
         self._loader.restore_state_rank(energon_state)
         if self._workers > 0:
             self._delivered = energon_fixes.emitted_counters(self._loader)
+            self._checkpoints.reset()
         self._resting_state = energon_state
         self.position = position
 
@@ -235,9 +241,7 @@ class RankStream:
             return self._resting_state
         if self._workers == 0:
             return self._loader.save_state_rank()
-        return energon_fixes.save_state_rank_at(
-            self._loader, self._delivered, next_worker=self.position.cursor
-        )
+        return self._checkpoints.save_state_rank_at(self._delivered, next_worker=self.position.cursor)
 
     def next(self) -> Any:
         """The next batch, or a :class:`PassOver` when the pass of every worker ended."""
@@ -251,6 +255,8 @@ class RankStream:
                 self._pull()
             sample_index, item = queue.popleft()
             self._delivered[worker] = sample_index
+            if self._checkpoints is not None:
+                self._checkpoints.delivered(worker, sample_index)
             position.cursor = (worker + 1) % self._lanes
             if not isinstance(item, PassEnd):
                 position.pass_batches += 1
@@ -279,4 +285,4 @@ class RankStream:
             self._queues[0].append((-1, item))
         else:
             worker, sample_index = energon_fixes.last_emitted(self._loader)
-            self._queues[worker].append((sample_index, item))
+            self._queues[worker].append((sample_index, self._checkpoints.take(worker, item)))
