@@ -12,9 +12,9 @@ exactly) are re-encoded as before. Each Energon worker has its own copy of the p
 saves and restores its own buffers.
 
 A sample is saved only when it rebuilds exactly: of the encoder's sample class, with values that
-survive a JSON round trip (plain JSON types) besides ``message_log``, whose messages each end with a 1-D int64
-``token_ids`` tensor and hold such values otherwise (media tensors do not: such samples are
-re-encoded). Each is saved as one zlib blob (its token ids as int32, then the JSON of the rest),
+survive a JSON round trip (plain JSON types) besides ``message_log``, whose messages each end
+with a 1-D int64 ``token_ids`` tensor and hold such values otherwise (media tensors do not: such
+samples are re-encoded). Each is saved as one zlib blob (its token ids as int32, then the JSON of the rest),
 made once per sample. The saved samples carry the encoder's fingerprint (adapter and component
 versions); a state of another encoder (which the loader identity refuses anyway) is restored by
 re-encoding.
