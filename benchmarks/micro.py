@@ -5,7 +5,8 @@
   log, in batches of 32): the ceiling for formatting. The prefix-render reference
   (``get_formatted_message_log_reference``, quadratic in turns) runs on a subset, where the
   ids of both are also compared. Measured for the project tokenizer and for each chat template
-  family (ChatML, Llama-3 headers, ``[INST]``) applied to it.
+  family (ChatML, Llama-3 headers, ``[INST]``) applied to it. Also: formatting with the
+  truncation rule (``get_truncated_formatted_message_log``) against formatting then truncating.
 * **Packing**: every algorithm over the workload's token lengths, one call per buffer of
   ``packing_buffer_size``: sequences/s and utilisation / bin efficiency (``packing_metrics``).
 * **Transfer**: a 32 MB batch returned by one actor's method and fetched by another actor,
@@ -29,11 +30,15 @@ from rl_data.tokenization import (
     formatting_path,
     get_formatted_message_log,
     get_formatted_message_log_reference,
+    get_truncated_formatted_message_log,
+    message_log_length,
     tokenizer_with_template,
+    truncate_message_log,
 )
 
 RAW_BATCH = 32
 CHAT_ROUNDS = 5
+TRUNCATION_ROUNDS = 2
 TRANSFER_BYTES = 32 * 2**20
 
 
@@ -55,7 +60,37 @@ def chat_formatting(settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
             families[family] = {key: value for key, value in figures.items() if key != "lengths"}
     result["families"] = families
     result["reference_ids_identical"] = all(figures["reference_ids_identical"] for figures in families.values())
+    result["truncation"] = _truncation_figures(convs, tokenizer, settings.max_sequence_length)
     return result
+
+
+def _truncation_figures(convs: list[list[dict]], tokenizer: Any, max_sequence_length: int) -> dict[str, Any]:
+    """``get_truncated_formatted_message_log`` against formatting then ``truncate_message_log``, CPU
+    seconds over the same conversations (best of ``TRUNCATION_ROUNDS`` alternating rounds); also
+    how many reach the limit and their share of the formatted tokens."""
+    lengths = [message_log_length(get_formatted_message_log(messages, tokenizer)) for messages in convs]
+    over_long = [length for length in lengths if length >= max_sequence_length]
+
+    def composed() -> None:
+        for messages in convs:
+            truncate_message_log(get_formatted_message_log(messages, tokenizer), max_sequence_length)
+
+    def truncated() -> None:
+        for messages in convs:
+            get_truncated_formatted_message_log(messages, tokenizer, max_sequence_length)
+
+    composed_cpu_s = truncated_cpu_s = float("inf")
+    for _ in range(TRUNCATION_ROUNDS):
+        composed_cpu_s = min(composed_cpu_s, _timed_cpu(composed)[1])
+        truncated_cpu_s = min(truncated_cpu_s, _timed_cpu(truncated)[1])
+    return {
+        "max_sequence_length": max_sequence_length,
+        "over_long_conversations": len(over_long),
+        "over_long_token_share": sum(over_long) / max(sum(lengths), 1),
+        "formatted_then_truncated_cpu_s": composed_cpu_s,
+        "truncated_formatting_cpu_s": truncated_cpu_s,
+        "speedup": composed_cpu_s / truncated_cpu_s,
+    }
 
 
 def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, Any]:

@@ -86,6 +86,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"reference ids identical: {chat['reference_ids_identical']}. Formatting per CPU-second "
             f"(`time.process_time`, best round): {chat['formatting_tokens_per_cpu_s']:,.0f} tokens.",
         ]
+        truncation = chat.get("truncation")
+        if truncation:
+            lines += [
+                "",
+                f"Truncation at {truncation['max_sequence_length']:,} tokens: "
+                f"{truncation['over_long_conversations']} conversations reach it, holding "
+                f"{truncation['over_long_token_share']:.0%} of the tokens. Formatting with the truncation rule "
+                f"(`get_truncated_formatted_message_log`) {truncation['truncated_formatting_cpu_s']:.2f} CPU-s vs "
+                f"formatting then truncating {truncation['formatted_then_truncated_cpu_s']:.2f} CPU-s: "
+                f"{truncation['speedup']:.2f}x.",
+            ]
         families = chat.get("families", {})
         if families:
             lines += ["", "| template family | path | formatting tokens/s | vs raw | reference vs raw | ids identical |",

@@ -242,18 +242,24 @@ def test_turns_after_a_mid_conversation_generation_prompt_are_encoded_apart(toke
     assert torch.cat([m["token_ids"] for m in log]).tolist() != joined
 
 
+def _encode_whole_and_split(chunks, tokenizer):
+    """Each chunk's ids from one call on the joined text (None where the turn cuts are not provable)."""
+    cuts = chat._turn_cuts(chunks, tokenizer)
+    return None if cuts is None else chat._split_at_turns(chat._encode_text(tokenizer, "".join(chunks)), cuts)
+
+
 def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenizer):
     messages = SYNTHETIC["system_prompt"]
-    split = chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer)
+    split = _encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], tokenizer)
     assert [ids.tolist() for ids in split] == [[151644, 64], [151644, 65]]
     # a boundary right after a special token is cut there too; one touching none is not provable
-    split = chat._encode_whole_and_split(["a<|im_end|>", "b<|im_end|>", "<|im_start|>c"], tokenizer)
+    split = _encode_whole_and_split(["a<|im_end|>", "b<|im_end|>", "<|im_start|>c"], tokenizer)
     assert [ids.tolist() for ids in split] == [[64, 151645], [65, 151645], [151644, 66]]
-    assert chat._encode_whole_and_split(["a<|im_end|>\n", "b"], tokenizer) is None
+    assert _encode_whole_and_split(["a<|im_end|>\n", "b"], tokenizer) is None
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = CHATML_TEMPLATE
     plain.convert_tokens_to_ids = lambda token: None
-    assert chat._encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], plain) is None
+    assert _encode_whole_and_split(["<|im_start|>a", "<|im_start|>b"], plain) is None
     assert_same_message_logs(
         get_formatted_message_log(messages, plain), get_formatted_message_log_reference(messages, tokenizer)
     )

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import functools
 import json
+import zlib
 
 import pytest
 import torch
@@ -303,15 +304,47 @@ def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokeniz
     assert cache._compact(dataclasses.replace(sample, message_log=[token_ids_not_last])) is None
 
 
-def test_saved_samples_of_another_encoder_are_ignored_and_another_version_refused(dataset, tokenizer):
+def _saved_buffers(dataset, tokenizer) -> tuple[PackingRestoreCache, dict]:
+    """The cache of a packing loader after 2 batches, and its saved packing buffer samples."""
     loader = _build(dataset, tokenizer, 0)
     stream(loader, _packed_view, 2)
     cache = _cache_of(loader)
     payload = cache._state()
     loader.close()
+    return cache, payload
+
+
+def test_saved_samples_of_another_encoder_are_ignored_and_another_version_refused(dataset, tokenizer):
+    cache, payload = _saved_buffers(dataset, tokenizer)
     assert len(cache._from_state(payload)) == len(payload["restore_keys"]) > 0
     assert cache._from_state({**payload, "fingerprint": "another encoder"}) == {}  # re-encoded
-    with pytest.raises(ValueError, match="version 2, expected 1"):
-        cache._from_state({**payload, "version": 2})
+    with pytest.raises(ValueError, match=r"version 3, expected one of \(1, 2\)"):
+        cache._from_state({**payload, "version": 3})
     with pytest.raises(ValueError, match="damaged"):
         cache._from_state({**payload, "samples": payload["samples"][1:]})
+    with pytest.raises(ValueError, match="damaged"):
+        cache._from_state({**payload, "samples": [{**payload["samples"][0], "size": "12"}, *payload["samples"][1:]]})
+    key, sample = payload["restore_keys"][0], payload["samples"][0]
+    for broken in ({**sample, "blob": sample["blob"][:-3]}, {**sample, "size": sample["size"] - 1},
+                   {**sample, "size": sample["size"] + 1}):  # fmt: skip
+        with pytest.raises(ValueError, match="damaged"):
+            cache._rebuild(key, cache._from_state({**payload, "samples": [broken, *payload["samples"][1:]]})[key])
+
+
+def test_a_version_1_state_of_zlib_blobs_still_restores(dataset, tokenizer):
+    cache, payload = _saved_buffers(dataset, tokenizer)
+    current = cache._from_state(payload)
+    version_1 = {
+        **payload,
+        "version": 1,
+        "samples": [{"blob": zlib.compress(saved.raw(), 1), "counts": saved.counts} for saved in current.values()],
+    }
+    for key, saved in cache._from_state(version_1).items():
+        assert saved.size is None
+        old, new = cache._rebuild(key, saved), cache._rebuild(key, current[key])
+        assert len(old.message_log) == len(new.message_log) > 0
+        assert all(
+            torch.equal(a["token_ids"], b["token_ids"]) and a.keys() == b.keys() for a, b in zip(old.message_log, new.message_log)
+        )
+        assert [m["content"] for m in old.message_log] == [m["content"] for m in new.message_log]
+        assert (old.length, old.loss_multiplier) == (new.length, new.loss_multiplier)

@@ -6,6 +6,7 @@ from rl_data.tokenization.chat import (
     formatting_path,
     get_formatted_message_log,
     get_formatted_message_log_reference,
+    get_truncated_formatted_message_log,
 )
 from rl_data.tokenization.chat_template import CHATML_TEMPLATE
 from rl_data.tokenization.flatten import (
@@ -30,6 +31,7 @@ __all__ = [
     "build_qwen3_tokenizer",
     "get_formatted_message_log",
     "get_formatted_message_log_reference",
+    "get_truncated_formatted_message_log",
     "load_qwen3_tokenizer",
     "message_log_length",
     "message_log_to_flat_messages",

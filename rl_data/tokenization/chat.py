@@ -57,9 +57,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
 from rl_data.tokenization.chat_template import CHATML_TEMPLATE, render_chatml
+from rl_data.tokenization.prefix_encoding import (
+    FIRST_STEP_CHARS_PER_TOKEN,
+    cuts_are_exact,
+    encode_until,
+    stub_prefixes,
+)
+from rl_data.tokenization.truncation import MAX_TOKENS_KEPT_PER_MESSAGE, message_log_length, truncate_message_log
 from rl_data.tokenization.validation import (
     CONTROL_TEXT_POLICIES,
     TrustedText,
@@ -79,6 +87,7 @@ __all__ = [
     "formatting_path",
     "get_formatted_message_log",
     "get_formatted_message_log_reference",
+    "get_truncated_formatted_message_log",
     "validate_messages",
 ]
 
@@ -126,22 +135,72 @@ def get_formatted_message_log(
     Raises ``ValueError`` for malformed messages (see :func:`validate_messages`) and its
     subclass ``ControlTextError`` for control text under ``control_text="reject"``.
     """
+    flags = (add_bos_token, add_eos_token, add_generation_prompt)
+    conversation, chunks, masked = _formatted_chunks(messages, tokenizer, task_data_spec, flags, tools, control_text)
+    if masked is not None:
+        return masked
+    return [_turn(m, chunk, ids) for m, chunk, ids in zip(conversation, chunks, _turn_ids(chunks, tokenizer))]
+
+
+def get_truncated_formatted_message_log(
+    messages: Sequence[dict],
+    tokenizer: TokenizerType,
+    max_seq_length: int,
+    task_data_spec: TaskDataSpec | None = None,
+    *,
+    add_bos_token: bool = True,
+    add_eos_token: bool = True,
+    add_generation_prompt: bool = False,
+    tools: list[dict] | None = None,
+    control_text: str = "reject",
+) -> tuple[LLMMessageLogType, int, float]:
+    """``truncate_message_log(get_formatted_message_log(...), max_seq_length)``, encoding less.
+
+    A conversation that reaches ``max_seq_length`` keeps only the first few tokens of each
+    message (:func:`~rl_data.tokenization.truncation.truncate_message_log`). With a tokenizer
+    whose encoding splits exactly at safe cuts (:mod:`rl_data.tokenization.prefix_encoding`),
+    the text is encoded in steps until the limit is reached; the stubs of turns past that point
+    come from a short prefix of each. The ~3 % of the benchmark's conversations that reach 4,096
+    tokens hold ~22 % of its tokens. Same message log, length and loss multiplier (tested
+    against the composition).
+    """
+    if max_seq_length <= 0:
+        raise ValueError(f"max_seq_length must be a positive number of tokens, got {max_seq_length}")
+    flags = (add_bos_token, add_eos_token, add_generation_prompt)
+    conversation, chunks, masked = _formatted_chunks(messages, tokenizer, task_data_spec, flags, tools, control_text)
+    if masked is not None:
+        return truncate_message_log(masked, max_seq_length)
+    token_ids, is_stub = _turn_ids_within(chunks, tokenizer, max_seq_length)
+    message_log = [_turn(m, chunk, ids) for m, chunk, ids in zip(conversation, chunks, token_ids)]
+    if is_stub:
+        return message_log, message_log_length(message_log), 0.0
+    return truncate_message_log(message_log, max_seq_length)
+
+
+def _formatted_chunks(messages, tokenizer, task_data_spec, flags, tools, control_text):
+    """``(conversation, chunks, None)``: the turns' texts; or ``(conversation, None, message_log)``
+    when the data's control text was encoded as plain text."""
+    add_bos_token, add_eos_token, add_generation_prompt = flags
     conversation = _prepare(messages, task_data_spec)
     mask = _control_text_mask(conversation, tools, tokenizer, control_text)
     path = formatting_path(tokenizer)
     if mask is not None:
-        return _plain_text_message_log(
-            conversation, tokenizer, mask, tools, (add_bos_token, add_eos_token, add_generation_prompt), path
-        )
+        return conversation, None, _plain_text_message_log(conversation, tokenizer, mask, tools, flags, path)
     chunks = _chunks_from_single_render(conversation, tokenizer, path, add_generation_prompt, tools)
     if chunks is None:
         chunks = _chunks_from_prefix_renders(conversation, tokenizer, add_generation_prompt, tools, _render_fast)
     chunks = _apply_bos_eos(chunks, tokenizer, add_bos_token, add_eos_token,
                             _wants_generation_prompt(conversation[-1], add_generation_prompt))
-    token_ids = _encode_whole_and_split(chunks, tokenizer)
+    return conversation, chunks, None
+
+
+def _turn_ids(chunks: list[str], tokenizer) -> list[torch.Tensor]:
+    """Each chunk's ids: one call on the joined text where the turn cuts are provable, else one per chunk."""
+    cuts = _turn_cuts(chunks, tokenizer)
+    token_ids = None if cuts is None else _split_at_turns(_encode_text(tokenizer, "".join(chunks)), cuts)
     if token_ids is None:
         token_ids = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer(chunks, add_special_tokens=False)["input_ids"]]
-    return [_turn(message, chunk, ids) for message, chunk, ids in zip(conversation, chunks, token_ids)]
+    return token_ids
 
 
 def get_formatted_message_log_reference(
@@ -463,20 +522,28 @@ def _data_text(conversation: list[dict], tools) -> str:
     return "".join(text + "\0" for text in _strings([conversation, tools]))
 
 
-def _encode_whole_and_split(chunks: list[str], tokenizer) -> list[torch.Tensor] | None:
-    """Each chunk's ids from one tokenizer call on the joined text, or None where not provably equal.
+@dataclass(frozen=True)
+class _TurnCuts:
+    """Where the joined turns' ids split: ``(special token count before the cut, 0 before it / 1 after it)``
+    per boundary, and how many special tokens the text holds."""
+
+    cuts: list[tuple[int, int]]
+    special_count: int
+    special_ids: torch.Tensor
+
+
+def _turn_cuts(chunks: list[str], tokenizer) -> _TurnCuts | None:
+    """The boundaries of ``chunks`` as positions among their special tokens, or None where not provable.
 
     Valid when every boundary touches a special token matched verbatim (the next chunk starts
     with one or the previous ends with one): the tokenizer cuts such tokens out before
-    pre-tokenization. The cut is found by counting the special tokens of the text before it and
-    locating that special id in the ids.
+    pre-tokenization, so each chunk encodes alone to its ids within the joined text.
     """
     specials = _verbatim_specials(tokenizer)
     if specials is None:
         return None
     pattern, special_ids = specials
-    text = "".join(chunks)
-    spans = [match.span() for match in pattern.finditer(text)]
+    spans = [match.span() for match in pattern.finditer("".join(chunks))]
     starting = {start: index for index, (start, _) in enumerate(spans)}
     ending = {end: index for index, (_, end) in enumerate(spans)}
     cuts, offset = [], 0
@@ -488,12 +555,75 @@ def _encode_whole_and_split(chunks: list[str], tokenizer) -> list[torch.Tensor] 
             cuts.append((ending[offset], 1))  # right after the special token this chunk ends with
         else:
             return None
-    ids = torch.tensor(_encode_text(tokenizer, text), dtype=torch.long)
-    positions = torch.isin(ids, special_ids).nonzero().flatten().tolist()
-    if len(positions) != len(spans):
+    return _TurnCuts(cuts, len(spans), special_ids)
+
+
+def _split_at_turns(ids: list[int], turn_cuts: _TurnCuts) -> list[torch.Tensor] | None:
+    """The joined text's ``ids`` cut per chunk, locating each cut's special token among the ids
+    (None when the ids do not hold exactly the text's special tokens)."""
+    ids = torch.from_numpy(np.fromiter(ids, dtype=np.int64, count=len(ids)))  # ~4x torch.tensor(list)
+    positions = torch.isin(ids, turn_cuts.special_ids).nonzero().flatten().tolist()
+    if len(positions) != turn_cuts.special_count:
         return None
-    bounds = [0] + [positions[count] + after for count, after in cuts] + [len(ids)]
+    bounds = [0] + [positions[count] + after for count, after in turn_cuts.cuts] + [len(ids)]
     return list(ids.split([end - begin for begin, end in zip(bounds, bounds[1:])]))
+
+
+def _turn_ids_within(chunks: list[str], tokenizer, max_seq_length: int) -> tuple[list[torch.Tensor], bool]:
+    """``(ids per chunk, False)``, or ``(the truncation rule's stubs per chunk, True)`` when the
+    text reaches ``max_seq_length`` before its end (found by encoding up to safe cuts)."""
+    text = "".join(chunks)
+    cuts = _turn_cuts(chunks, tokenizer) if len(text) > FIRST_STEP_CHARS_PER_TOKEN * max_seq_length else None
+    added_tokens = None if cuts is None else cuts_are_exact(tokenizer)
+    if added_tokens is None:
+        return _turn_ids(chunks, tokenizer), False
+    encode = tokenizer.backend_tokenizer.encode_batch_fast
+    ids, end = encode_until(encode, text, max_seq_length, added_tokens)
+    if end == len(text):
+        token_ids = _split_at_turns(ids, cuts)
+        return (_turn_ids(chunks, tokenizer) if token_ids is None else token_ids), False
+    keep = min(MAX_TOKENS_KEPT_PER_MESSAGE, max_seq_length // len(chunks))
+    stubs = _stubs_from_encoded_head(chunks, tokenizer, ids, end, keep)
+    rest = [index for index, stub in enumerate(stubs) if stub is None]
+    for index, stub in zip(rest, _stubs_from_prefixes([chunks[i] for i in rest], tokenizer, keep, added_tokens)):
+        stubs[index] = stub
+    return stubs, True
+
+
+def _stubs_from_encoded_head(chunks: list[str], tokenizer, ids: list[int], end: int, keep: int) -> list[torch.Tensor | None]:
+    """The first ``keep`` ids of each chunk starting in ``text[:end]`` (whose ids are ``ids``), where
+    the head holds them; None for the others."""
+    head, offset = [], 0
+    for chunk in chunks:
+        if offset >= end:
+            break
+        head.append(chunk[: end - offset])
+        offset += len(chunk)
+    cuts = _turn_cuts(head, tokenizer)
+    head_ids = None if cuts is None else _split_at_turns(ids, cuts)
+    stubs: list[torch.Tensor | None] = [None] * len(chunks)
+    for index, (part, part_ids) in enumerate(zip(head, head_ids or ())):
+        if len(part) == len(chunks[index]) or len(part_ids) >= keep:  # whole, or holding its first ids
+            stubs[index] = part_ids[:keep]
+    return stubs
+
+
+def _stubs_from_prefixes(chunks: list[str], tokenizer, keep: int, added_tokens) -> list[torch.Tensor]:
+    """The first ``keep`` ids of each chunk, encoding it up to a safe cut after a few characters."""
+    if not chunks:
+        return []
+    encode = tokenizer.backend_tokenizer.encode_batch_fast
+    prefixes = stub_prefixes(chunks, added_tokens)
+    prefix_cuts = _turn_cuts(prefixes, tokenizer)  # one call when the prefixes still meet at special tokens
+    firsts = None if prefix_cuts is None else _split_at_turns(encode(["".join(prefixes)], add_special_tokens=False)[0].ids, prefix_cuts)
+    if firsts is None:
+        firsts = [torch.tensor(encoding.ids, dtype=torch.long) for encoding in encode(prefixes, add_special_tokens=False)]
+    stubs = []
+    for chunk, prefix, first in zip(chunks, prefixes, firsts):
+        if len(first) < keep and len(prefix) < len(chunk):  # the prefix was too short: the whole turn
+            first = torch.tensor(encode([chunk], add_special_tokens=False)[0].ids, dtype=torch.long)
+        stubs.append(first[:keep])
+    return stubs
 
 
 _SPECIALS: "weakref.WeakKeyDictionary[Any, tuple[Any, Any]]" = weakref.WeakKeyDictionary()

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from rl_data.interfaces import LLMMessageLogType, TaskDataSpec
-from rl_data.tokenization import get_formatted_message_log
+from rl_data.tokenization import get_formatted_message_log, get_truncated_formatted_message_log
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 from rl_data.tokenization.vocab_fingerprint import vocab_fingerprint
 
@@ -150,13 +150,22 @@ class ProcessorAdapter:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> LLMMessageLogType:
         """Apply the task prompts, then tokenise through the chat template into a ``message_log``."""
-        return get_formatted_message_log(
-            list(messages),
-            self.tokenizer,
-            self.task_data_spec,
-            add_bos_token=self.add_bos,
-            add_eos_token=self.add_eos,
-            add_generation_prompt=self.add_generation_prompt,
-            tools=list(tools) if tools else None,
-            control_text=self.control_text,
+        return get_formatted_message_log(list(messages), self.tokenizer, self.task_data_spec, **self._options(tools))
+
+    def format_truncated(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, max_sequence_length: int
+    ) -> tuple[LLMMessageLogType, int, float]:
+        """:meth:`format`, then the truncation rule: ``(message_log, length, loss_multiplier)``; an
+        over-long conversation is encoded only as far as its stubs need."""
+        return get_truncated_formatted_message_log(
+            list(messages), self.tokenizer, max_sequence_length, self.task_data_spec, **self._options(tools)
         )
+
+    def _options(self, tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        return {
+            "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
+            "add_generation_prompt": self.add_generation_prompt,
+            "tools": list(tools) if tools else None,
+            "control_text": self.control_text,
+        }

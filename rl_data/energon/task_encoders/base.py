@@ -67,6 +67,7 @@ class BaseSFTTaskEncoder(
     """Chat formatting, truncation, batching and (optionally) packing for SFT.
 
     Subclasses implement :meth:`encode_sample` (``@stateless``), usually as
+    ``self.encode_conversation(sample, <messages>, <tools>)`` or
     ``self.finish_encoding(sample, <message_log>)``.
     """
 
@@ -163,9 +164,18 @@ class BaseSFTTaskEncoder(
 
     def finish_encoding(self, sample: Sample, message_log: list[dict[str, Any]]) -> EncodedSFTSample:
         """Truncate ``message_log`` if it reaches the maximum length and wrap it as a sample."""
-        message_log, length, loss_multiplier = truncate_message_log(
-            message_log, self.max_sequence_length
-        )
+        return self.encoded(sample, *truncate_message_log(message_log, self.max_sequence_length))
+
+    def encode_conversation(
+        self, sample: Sample, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> EncodedSFTSample:
+        """Format and truncate ``messages`` (:meth:`ProcessorAdapter.format_truncated`) into a sample."""
+        return self.encoded(sample, *self.adapter.format_truncated(messages, tools, self.max_sequence_length))
+
+    def encoded(
+        self, sample: Sample, message_log: list[dict[str, Any]], length: int, loss_multiplier: float
+    ) -> EncodedSFTSample:
+        """A truncated message log, its length and loss multiplier as a sample derived from ``sample``."""
         return EncodedSFTSample.derive_from(
             sample,
             message_log=message_log,

@@ -16,4 +16,4 @@ class ChatSFTTaskEncoder(BaseSFTTaskEncoder):
     @stateless
     def encode_sample(self, sample: ChatSample) -> EncodedSFTSample:
         """Tokenise one conversation; raises ``ValueError`` for malformed messages."""
-        return self.finish_encoding(sample, self.adapter.format(sample.messages, sample.tools))
+        return self.encode_conversation(sample, sample.messages, sample.tools)

@@ -21,7 +21,7 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder
 from rl_data.energon.task_encoders.cookers import decode_record
-from rl_data.tokenization import truncate_message_log, validate_messages
+from rl_data.tokenization import validate_messages
 
 _PAIR_FIELDS = ("context", "chosen", "rejected")
 
@@ -99,8 +99,9 @@ class PreferenceTaskEncoder(BaseSFTTaskEncoder):
         """Format and truncate both completions."""
         logs, lengths, multiplier = {}, {}, 1.0
         for name in ("chosen", "rejected"):
-            log = self.adapter.format(sample.context + getattr(sample, name), sample.tools)
-            logs[name], lengths[name], kept = truncate_message_log(log, self.max_sequence_length)
+            logs[name], lengths[name], kept = self.adapter.format_truncated(
+                sample.context + getattr(sample, name), sample.tools, self.max_sequence_length
+            )
             multiplier = min(multiplier, kept)
         return EncodedPreferenceSample.derive_from(
             sample,
