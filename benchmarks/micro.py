@@ -25,6 +25,7 @@ import torch
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import conversations
 from rl_data.packing import PackingAlgorithm, get_packer, packing_metrics
+from rl_data.tokenization.fast_encode import text_encoder
 from rl_data.tokenization import (
     TEMPLATE_FAMILIES,
     formatting_path,
@@ -127,13 +128,20 @@ def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, An
         for start in range(0, len(texts), RAW_BATCH):
             backend.encode_batch_fast(texts[start : start + RAW_BATCH], add_special_tokens=False)
 
-    formatting_s = raw_s = backend_s = formatting_cpu_s = float("inf")
+    encoder = text_encoder(tokenizer)
+
+    def project_encode_all() -> None:  # what formatting calls per conversation (tiktoken where equal)
+        for text in texts:
+            encoder.encode(text)
+
+    formatting_s = raw_s = backend_s = project_s = formatting_cpu_s = float("inf")
     for _ in range(CHAT_ROUNDS):
         wall, cpu = _timed_cpu(format_all)
         formatting_s, formatting_cpu_s = min(formatting_s, wall), min(formatting_cpu_s, cpu)
         raw_tokens, elapsed = _timed(encode_all)
         raw_s = min(raw_s, elapsed)
         backend_s = min(backend_s, _timed(backend_encode_all)[1])
+        project_s = min(project_s, _timed(project_encode_all)[1])
     begin = time.perf_counter()
     reference = [get_formatted_message_log_reference(messages, tokenizer) for messages in convs[:subset]]
     reference_s = time.perf_counter() - begin
@@ -159,6 +167,8 @@ def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, An
         "formatting_vs_raw": (tokens / formatting_s) / (raw_tokens / raw_s),
         "raw_backend_fast_tokens_per_s": tokens / backend_s,
         "formatting_vs_raw_backend_fast": backend_s / formatting_s,
+        "project_encoder": encoder.kind,
+        "raw_project_encoder_tokens_per_s": tokens / project_s,
         "reference_subset_conversations": subset,
         "reference_tokens_per_s": subset_tokens / reference_s,
         "reference_vs_raw": (subset_tokens / reference_s) / (subset_tokens / subset_raw_s),

@@ -79,6 +79,7 @@ def markdown(results: dict[str, Any]) -> str:
             "|---|---|---|",
             f"| raw batch encode (batches of 32) | {chat['raw_batch_encode_tokens_per_s']:,.0f} | 1.00 |",
             f"| raw encode by the Rust backend (`encode_batch_fast`, batches of 32, no transformers layer) | {chat['raw_backend_fast_tokens_per_s']:,.0f} | {chat['raw_backend_fast_tokens_per_s'] / chat['raw_batch_encode_tokens_per_s']:.2f} |",
+            f"| raw encode by the project's encoder (`text_encoder`: {chat.get('project_encoder', 'n/a')}), one text per call | {chat.get('raw_project_encoder_tokens_per_s', float('nan')):,.0f} | {chat.get('raw_project_encoder_tokens_per_s', float('nan')) / chat['raw_batch_encode_tokens_per_s']:.2f} |",
             f"| get_formatted_message_log (render once, split) | {chat['formatting_tokens_per_s']:,.0f} | {chat['formatting_vs_raw']:.2f} |",
             f"| reference (render per prefix), {chat['reference_subset_conversations']} convs | {chat['reference_tokens_per_s']:,.0f} | {chat['reference_vs_raw']:.2f} |",
             "",

@@ -192,7 +192,8 @@ def test_plain_renderer_leaves_what_it_does_not_model_to_jinja(tokenizer):
     assert render_chatml([{"role": "user", "content": "x"}], tools=[len]) is None
 
 
-def test_real_conversations_are_tokenized_in_one_call_split_at_turn_starts(tokenizer, chat_conversations):
+def test_real_conversations_are_tokenized_in_one_call_split_at_turn_starts(tokenizer, chat_conversations, monkeypatch):
+    monkeypatch.setenv("RL_DATA_TIKTOKEN", "0")  # the backend path (tiktoken's: tests/test_fast_encode.py)
     calls = []
 
     class CountingBackend:
@@ -245,7 +246,7 @@ def test_turns_after_a_mid_conversation_generation_prompt_are_encoded_apart(toke
 def _encode_whole_and_split(chunks, tokenizer):
     """Each chunk's ids from one call on the joined text (None where the turn cuts are not provable)."""
     cuts = chat._turn_cuts(chunks, tokenizer)
-    return None if cuts is None else chat._split_at_turns(chat._encode_text(tokenizer, "".join(chunks)), cuts)
+    return None if cuts is None else chat._split_at_turns(chat.text_encoder(tokenizer).encode("".join(chunks)), cuts)
 
 
 def test_a_tokenizer_without_the_special_turn_start_is_encoded_per_turn(tokenizer):

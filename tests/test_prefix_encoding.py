@@ -13,6 +13,7 @@ from tokenizers import pre_tokenizers
 from rl_data.tokenization import chat, get_formatted_message_log, truncate_message_log
 from rl_data.tokenization import prefix_encoding as pe
 from rl_data.tokenization.chat import get_truncated_formatted_message_log
+from rl_data.tokenization.fast_encode import text_encoder
 from rl_data.tokenization.templates import tokenizer_with_template
 
 # Pieces that stress every clause of the safe-cut argument: contractions, letter runs next to
@@ -66,7 +67,7 @@ def test_only_tokenizers_the_argument_covers_are_cut(tokenizer):
 
 
 def test_encode_until_returns_the_whole_encoding_or_stops_past_the_limit(tokenizer):
-    added, encode = pe.cuts_are_exact(tokenizer), tokenizer.backend_tokenizer.encode_batch_fast
+    added, encode = pe.cuts_are_exact(tokenizer), text_encoder(tokenizer).encode
     text = "The quick brown fox's 12 jumps, over\n\n  the lazy dog.  " * 400
     whole = _ids(tokenizer, text)
     for limit in (10, 100, 1000):
@@ -119,9 +120,9 @@ def test_an_over_long_conversation_is_encoded_only_in_part(tokenizer, chat_conve
     encoded = []
 
     def counting(encode, text, limit, added_tokens):
-        def counted(texts, **options):
-            encoded.extend(len(t) for t in texts)
-            return encode(texts, **options)
+        def counted(text):
+            encoded.append(len(text))
+            return encode(text)
 
         return pe.encode_until(counted, text, limit, added_tokens)  # the head; stubs of later turns apart
 

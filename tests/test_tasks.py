@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from distributed_fixtures import consume, reference_stream, running_coordinator, runtime_config
 from energon_fixtures import SINGLE_RANK_UNPACKED
@@ -30,6 +33,23 @@ def test_builtin_tasks_and_their_stored_kinds():
     assert get_task("vlm_sft").schema is get_task("chat_sft").schema
     assert schema_for_kind("preference").message_lists == ("context", "chosen", "rejected")
     assert {"identical_preference", "no_ground_truth"} <= set(known_reasons())
+
+
+def test_a_loader_decoding_its_samples_imports_only_its_task():
+    """Every sample is decoded and its kind checked; that must not import the other tasks (the
+    RL task imports the runtime, math-verify, ...: a third of an Energon worker's start)."""
+    script = (
+        "import sys\n"
+        "from rl_data.tasks import get_task\n"
+        "from rl_data.energon.sample_format import decode_sample, encode_sample\n"
+        "get_task('chat_sft')\n"
+        "members = encode_sample({'kind': 'sft', 'messages': [{'role': 'user', 'content': 'hi'}]})\n"
+        "assert decode_sample(members)['kind'] == 'sft'\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rl_data.tasks.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['rl_data.tasks.base',", "'rl_data.tasks.chat_sft']"]
 
 
 def test_lookup_errors_name_the_choices():

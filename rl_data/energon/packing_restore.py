@@ -28,6 +28,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import pyarrow as pa
@@ -193,13 +194,13 @@ class PackingRestoreCache(BaseWrapperDataset):
             return None
         if not all(next(reversed(message)) == "token_ids" for message in log):
             return None  # rebuilt messages get token_ids last
-        document = {
-            "fields": {name: getattr(sample, name) for name in self._plain_fields},
-            "sources": sources,
-            "messages": [{k: v for k, v in message.items() if k != "token_ids"} for message in log],
-        }
-        if not _plain_json(document):
+        messages = [dict(message) for message in log]
+        for message in messages:
+            del message["token_ids"]
+        fields = {name: getattr(sample, name) for name in self._plain_fields}
+        if not (_all_str(messages) or _plain_json(messages)) or not _plain_json([fields, sources]):
             return None  # a tuple, a non-str key, a NaN, an enum: would not rebuild exactly
+        document = {"fields": fields, "sources": sources, "messages": messages}
         try:
             encoded = json.dumps(document, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
@@ -247,6 +248,13 @@ def _damaged(found: str) -> ValueError:
         f"the saved packing buffer samples ({STATE_KEY}) are damaged ({found}); restore from "
         "another checkpoint"
     )
+
+
+def _all_str(messages: list[dict[str, Any]]) -> bool:
+    """Whether every key and value of every message is a str (the usual chat message: the fast check)."""
+    keys = set(map(type, chain.from_iterable(messages)))
+    values = set(map(type, chain.from_iterable(map(dict.values, messages))))
+    return keys <= {str} and values <= {str}
 
 
 def _plain_json(value: Any) -> bool:

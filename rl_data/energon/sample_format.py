@@ -61,13 +61,12 @@ def decode_sample(members: Mapping[str, Any]) -> dict[str, Any]:
         found = sorted(k for k in members if not k.startswith("__"))
         raise ValueError(f"sample has no {SAMPLE_MEMBER!r} member (found members {found})")
     raw = members[SAMPLE_MEMBER]
-    from rl_data.tasks import sample_schemas
+    from rl_data.tasks import find_schema, sample_schemas
 
     sample = json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
-    kinds = sample_schemas()
-    if not isinstance(sample, dict) or sample.get("kind") not in kinds:
+    if not isinstance(sample, dict) or find_schema(sample.get("kind")) is None:
         kind = sample.get("kind") if isinstance(sample, dict) else type(sample).__name__
-        raise ValueError(f"sample JSON kind {kind!r} is not one of {sorted(kinds)}")
+        raise ValueError(f"sample JSON kind {kind!r} is not one of {sorted(sample_schemas())}")
     return sample
 
 
@@ -134,9 +133,9 @@ def check_media_members(sample: Mapping[str, Any], member_names: Iterable[str]) 
 
 
 def _message_lists(sample: Mapping[str, Any]) -> list[list[Any]]:
-    from rl_data.tasks import sample_schemas
+    from rl_data.tasks import find_schema
 
-    schema = sample_schemas().get(sample.get("kind"))
+    schema = find_schema(sample.get("kind"))
     keys = schema.message_lists if schema is not None else ()
     return [sample[k] for k in keys if isinstance(sample.get(k), list)]
 

@@ -51,7 +51,6 @@ import hashlib
 import json
 import logging
 import re
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,6 +60,8 @@ import numpy as np
 import torch
 
 from rl_data.tokenization.chat_template import CHATML_TEMPLATE, render_chatml
+from rl_data.tokenization.fast_encode import text_encoder
+from rl_data.tokenization.tokenizer_cache import PerTokenizer
 from rl_data.tokenization.prefix_encoding import (
     FIRST_STEP_CHARS_PER_TOKEN,
     cuts_are_exact,
@@ -197,7 +198,7 @@ def _formatted_chunks(messages, tokenizer, task_data_spec, flags, tools, control
 def _turn_ids(chunks: list[str], tokenizer) -> list[torch.Tensor]:
     """Each chunk's ids: one call on the joined text where the turn cuts are provable, else one per chunk."""
     cuts = _turn_cuts(chunks, tokenizer)
-    token_ids = None if cuts is None else _split_at_turns(_encode_text(tokenizer, "".join(chunks)), cuts)
+    token_ids = None if cuts is None else _split_at_turns(text_encoder(tokenizer).encode("".join(chunks)), cuts)
     if token_ids is None:
         token_ids = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer(chunks, add_special_tokens=False)["input_ids"]]
     return token_ids
@@ -577,8 +578,7 @@ def _turn_ids_within(chunks: list[str], tokenizer, max_seq_length: int) -> tuple
     added_tokens = None if cuts is None else cuts_are_exact(tokenizer)
     if added_tokens is None:
         return _turn_ids(chunks, tokenizer), False
-    encode = tokenizer.backend_tokenizer.encode_batch_fast
-    ids, end = encode_until(encode, text, max_seq_length, added_tokens)
+    ids, end = encode_until(text_encoder(tokenizer).encode, text, max_seq_length, added_tokens)
     if end == len(text):
         token_ids = _split_at_turns(ids, cuts)
         return (_turn_ids(chunks, tokenizer) if token_ids is None else token_ids), False
@@ -612,21 +612,21 @@ def _stubs_from_prefixes(chunks: list[str], tokenizer, keep: int, added_tokens) 
     """The first ``keep`` ids of each chunk, encoding it up to a safe cut after a few characters."""
     if not chunks:
         return []
-    encode = tokenizer.backend_tokenizer.encode_batch_fast
+    encode = text_encoder(tokenizer).encode
     prefixes = stub_prefixes(chunks, added_tokens)
     prefix_cuts = _turn_cuts(prefixes, tokenizer)  # one call when the prefixes still meet at special tokens
-    firsts = None if prefix_cuts is None else _split_at_turns(encode(["".join(prefixes)], add_special_tokens=False)[0].ids, prefix_cuts)
+    firsts = None if prefix_cuts is None else _split_at_turns(encode("".join(prefixes)), prefix_cuts)
     if firsts is None:
-        firsts = [torch.tensor(encoding.ids, dtype=torch.long) for encoding in encode(prefixes, add_special_tokens=False)]
+        firsts = [torch.tensor(encode(prefix), dtype=torch.long) for prefix in prefixes]
     stubs = []
     for chunk, prefix, first in zip(chunks, prefixes, firsts):
         if len(first) < keep and len(prefix) < len(chunk):  # the prefix was too short: the whole turn
-            first = torch.tensor(encode([chunk], add_special_tokens=False)[0].ids, dtype=torch.long)
+            first = torch.tensor(encode(chunk), dtype=torch.long)
         stubs.append(first[:keep])
     return stubs
 
 
-_SPECIALS: "weakref.WeakKeyDictionary[Any, tuple[Any, Any]]" = weakref.WeakKeyDictionary()
+_SPECIALS: PerTokenizer[tuple[re.Pattern[str], torch.Tensor] | None] = PerTokenizer()
 
 
 def _verbatim_specials(tokenizer) -> tuple[re.Pattern[str], torch.Tensor] | None:
@@ -634,41 +634,14 @@ def _verbatim_specials(tokenizer) -> tuple[re.Pattern[str], torch.Tensor] | None
     matched verbatim (no strip or normalisation options), else None. Cached per tokenizer
     until its special tokens change."""
     pattern = control_text_pattern(tokenizer)
-    try:
-        cached_pattern, result = _SPECIALS[tokenizer]
-        if cached_pattern is pattern:
-            return result
-    except (KeyError, TypeError):
-        pass
-    result = None
-    if pattern is not None:
+
+    def specials() -> tuple[re.Pattern[str], torch.Tensor] | None:
+        if pattern is None:
+            return None
         ids = [_special_token_id(tokenizer, token) for token in control_tokens(tokenizer)]
-        if None not in ids:
-            result = (pattern, torch.tensor(ids, dtype=torch.long))
-    try:
-        _SPECIALS[tokenizer] = (pattern, result)
-    except TypeError:  # not weak-referenceable: recomputed next time
-        pass
-    return result
+        return None if None in ids else (pattern, torch.tensor(ids, dtype=torch.long))
 
-
-def _encode_text(tokenizer, text: str) -> list[int]:
-    """``tokenizer(text, add_special_tokens=False)["input_ids"]``, from the Rust backend when equal.
-
-    With no truncation or padding configured on the backend (``tokenizer(...)`` sets none for
-    such a call), the backend's offset-free ``encode_batch_fast`` returns the same ids without
-    transformers' per-call work (~25 % of a conversation's encode time here).
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (
-        backend is not None
-        and hasattr(backend, "encode_batch_fast")
-        and backend.truncation is None
-        and backend.padding is None
-        and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
-        return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return _SPECIALS.get(tokenizer, pattern, specials)
 
 
 def _special_token_id(tokenizer, token: str) -> int | None:

@@ -110,10 +110,7 @@ STEP_CHARS_PER_TOKEN = 0.25
 # header ``<|im_start|>assistant\n`` is 22 characters and 3 tokens; a stub keeps at most 4).
 STUB_PREFIX_CHARS = 24
 
-Encode = Callable[..., list]  # the backend's ``encode_batch_fast``
-
-
-def encode_until(encode: Encode, text: str, limit: int, added_tokens: AddedTokens) -> tuple[list[int], int]:
+def encode_until(encode: Callable[[str], list[int]], text: str, limit: int, added_tokens: AddedTokens) -> tuple[list[int], int]:
     """``(ids, end)``: the ids of ``text[:end]``, where ``end`` is ``len(text)`` or the first safe
     cut of the steps by which ``limit`` ids were reached.
 
@@ -126,7 +123,7 @@ def encode_until(encode: Encode, text: str, limit: int, added_tokens: AddedToken
     while True:
         cut = safe_cut(text, stop, added_tokens) if stop < len(text) else None
         end = len(text) if cut is None else cut
-        ids += encode([text[start:end]], add_special_tokens=False)[0].ids
+        ids += encode(text[start:end])
         if end == len(text) or len(ids) >= limit:
             return ids, end
         start, stop = end, end + max(1, int(STEP_CHARS_PER_TOKEN * limit))

@@ -70,7 +70,7 @@ QWEN3_PAD_TOKEN = "<|endoftext|>"
 QWEN3_MODEL_MAX_LENGTH = 131072
 
 BUILD_STAMP_FILE = "rl_data_tokenizer_build.json"
-_BUILD_RECIPE_VERSION = 2
+_BUILD_RECIPE_VERSION = 3
 
 
 def qwen_rank_file() -> Path:
@@ -198,6 +198,7 @@ def _write_tokenizer_folder(rank_file: Path, folder: Path) -> None:
     )
     tokenizer.save_pretrained(str(folder))
     _make_config_portable(folder / "tokenizer_config.json")
+    _write_merges_as_strings(folder / "tokenizer.json")
     (folder / BUILD_STAMP_FILE).write_text(json.dumps(build_stamp(), indent=2), encoding="utf-8")
 
 
@@ -224,6 +225,22 @@ def _make_config_portable(config_path: Path) -> None:
         for token_id, content, special in QWEN3_ADDED_TOKENS
     }
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def _write_merges_as_strings(tokenizer_path: Path) -> None:
+    """Write the BPE merges as ``"left right"`` strings, the form every ``tokenizers`` version reads.
+
+    transformers 5 writes ``[left, right]`` pairs: 18.7 MB against 10.1 MB, and ~10 % more CPU
+    for the Rust backend to parse (median of 12 interleaved loads: 0.55 against 0.50 CPU-s), in
+    every rank actor's start-up. The model is the same (byte-level tokens never hold a space, so
+    the split is unambiguous).
+    """
+    state = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+    merges = state["model"]["merges"]
+    if any(" " in part for merge in merges if not isinstance(merge, str) for part in merge):
+        return  # a token holding a space: only the pair form is unambiguous
+    state["model"]["merges"] = [merge if isinstance(merge, str) else " ".join(merge) for merge in merges]
+    tokenizer_path.write_text(json.dumps(state, ensure_ascii=False, indent=2), encoding="utf-8")
 
 
 def _refuse_foreign_folder(target: Path) -> None:

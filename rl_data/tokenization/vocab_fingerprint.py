@@ -14,35 +14,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-import weakref
 from pathlib import Path
 from typing import Any
 
-_IN_MEMORY: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()
+from rl_data.tokenization.tokenizer_cache import (
+    PerTokenizer,
+    cache_entry,
+    read_entry,
+    tokenizer_file_digest,
+    write_entry,
+)
+
+_IN_MEMORY: PerTokenizer[str] = PerTokenizer()
 _CACHE_FOLDER = "vocab_fingerprints"
 
 
 def vocab_fingerprint(tokenizer: Any) -> str:
     """sha256 hex of the tokenizer's vocabulary (sorted ``token -> id`` pairs as JSON)."""
-    size = len(tokenizer)
-    try:
-        known_size, digest = _IN_MEMORY[tokenizer]
-        if known_size == size:  # tokens added since: fingerprint again
-            return digest
-    except (KeyError, TypeError):
-        pass
+    return _IN_MEMORY.get(tokenizer, len(tokenizer), lambda: _cached_or_full(tokenizer))  # tokens added: again
+
+
+def _cached_or_full(tokenizer: Any) -> str:
     cache_file = _cache_file(tokenizer)
     digest = _read(cache_file) if cache_file is not None else None
     if digest is None:
         digest = full_vocab_fingerprint(tokenizer)
         if cache_file is not None:
-            _write(cache_file, digest)
-    try:
-        _IN_MEMORY[tokenizer] = (size, digest)
-    except TypeError:  # not weak-referenceable: looked up again next time
-        pass
+            write_entry(cache_file, digest)
     return digest
 
 
@@ -53,36 +51,18 @@ def full_vocab_fingerprint(tokenizer: Any) -> str:
 
 
 def _cache_file(tokenizer: Any) -> Path | None:
-    from rl_data.tokenization.tokenizer import cache_root
-
-    vocabulary_file = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "tokenizer.json"
-    try:
-        if not vocabulary_file.is_file():
-            return None
-        added = sorted((str(token), int(index)) for token, index in tokenizer.get_added_vocab().items())
-        key = hashlib.sha256()
-        key.update(hashlib.sha256(vocabulary_file.read_bytes()).digest())
-        key.update(json.dumps([added, len(tokenizer)], ensure_ascii=False).encode("utf-8"))
-    except (OSError, AttributeError, TypeError, ValueError):
+    file_digest = tokenizer_file_digest(tokenizer)
+    if file_digest is None:
         return None
-    return cache_root() / _CACHE_FOLDER / key.hexdigest()
+    try:
+        added = sorted((str(token), int(index)) for token, index in tokenizer.get_added_vocab().items())
+        key = hashlib.sha256(file_digest)
+        key.update(json.dumps([added, len(tokenizer)], ensure_ascii=False).encode("utf-8"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return cache_entry(_CACHE_FOLDER, key.hexdigest())
 
 
 def _read(path: Path) -> str | None:
-    try:
-        digest = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else None
-
-
-def _write(path: Path, digest: str) -> None:
-    """Atomically (a reader sees the whole digest or no file); a read-only cache is skipped."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, staging = tempfile.mkstemp(prefix=".fingerprint-", dir=path.parent)
-        with os.fdopen(handle, "w", encoding="ascii") as out:
-            out.write(digest)
-        os.replace(staging, path)
-    except OSError:
-        pass
+    digest = read_entry(path)
+    return digest if digest is not None and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else None

@@ -153,7 +153,7 @@ def collate_media(message_logs: Sequence[VLMMessageLogType], media_keys: Mapping
         rows: list[torch.Tensor | None] = []
         for log in message_logs:
             parts = [t for m in log if isinstance(m.get(key), PackedTensor) for t in m[key].tensors if t is not None]
-            rows.append(torch.cat(parts, dim) if parts else None)
+            rows.append(None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts, dim))  # one: no copy
         collated[key] = PackedTensor(rows, dim)
     return collated
 
