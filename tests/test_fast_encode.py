@@ -155,6 +155,44 @@ def test_the_verdict_is_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch
     assert fe.merges_match_ranks(loaded) and read_entry(entry) == "1"
 
 
+def test_the_ranks_are_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch):
+    from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
+
+    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
+    loaded = load_qwen3_tokenizer()  # builds the folder in tmp_path: a cache of its own
+    text = "Ranks kept on disk: ßé 東京 🙂 <think>x</think>\n\n  42"
+    expected = _reference(loaded, text)
+    assert fe._build(loaded).encode(text) == expected
+    (entry,) = (tmp_path / fe._RANKS_FOLDER).iterdir()
+    ranks = fe.byte_level_ranks(loaded.backend_tokenizer.get_vocab(with_added_tokens=False))
+    assert fe.ranks_from_entry(read_entry(entry)) == ranks
+
+    def not_again(vocab):
+        raise AssertionError("the ranks were computed again")
+
+    monkeypatch.setattr(fe, "byte_level_ranks", not_again)
+    assert fe._build(loaded).encode(text) == expected  # read from the entry
+    monkeypatch.undo()
+    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
+    entry.write_text(read_entry(entry)[:-8], encoding="ascii")  # damaged: computed again, rewritten
+    assert fe._build(loaded).encode(text) == expected
+    assert fe.ranks_from_entry(read_entry(entry)) == ranks
+
+
+def test_a_ranks_entry_round_trips_and_a_damaged_one_reads_as_missing():
+    ranks = {bytes([byte]): byte for byte in range(256)} | {b"  ": 256, "hé".encode(): 300, b"": 7}
+    text = fe.ranks_entry(ranks)
+    assert fe.ranks_from_entry(text) == ranks
+    digest, ids, lengths, joined = text.split(" ")
+    other = fe.ranks_entry({**ranks, b"  ": 257})
+    for damaged in (
+        None, "", "garbage", text[:-4], text.replace(digest, digest[::-1]), f"{digest} {ids} {lengths}",
+        f"{digest} {ids} {lengths} {joined} {joined}", f"{digest} {ids}! {lengths} {joined}",
+        f"{other.split(' ')[0]} {ids} {lengths} {joined}",
+    ):
+        assert fe.ranks_from_entry(damaged) is None, damaged
+
+
 def test_formatting_encodes_each_conversation_once_through_tiktoken(tokenizer, chat_conversations, monkeypatch):
     calls = []
     real = fe.text_encoder

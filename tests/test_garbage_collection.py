@@ -1,5 +1,6 @@
-"""A loader in the calling process freezes what its first batch left behind, so Energon's
-periodic collections stay cheap."""
+"""A loader starts from a frozen heap (Energon's first full collection skips what was alive
+before it) and freezes what its first batch left behind, so Energon's periodic collections stay
+cheap."""
 
 from __future__ import annotations
 
@@ -22,6 +23,28 @@ def test_objects_the_first_batch_creates_are_frozen_the_second_batchs_are_not(en
         assert _tracked(second)
     finally:
         gc.unfreeze()  # the loader never finishes here: leave the process as it was
+
+
+def test_energons_first_full_collection_skips_the_objects_alive_before_the_first_batch(
+    energon_dataset, tokenizer, monkeypatch
+):
+    gc.unfreeze()  # as a process that froze nothing
+    alive_before = [[]]  # a container the collector walks while it is not frozen
+    walked_at_full_collections = []
+    real_collect = gc.collect
+
+    def collect(generation: int = 2) -> int:
+        if generation == 2:
+            walked_at_full_collections.append(_tracked(alive_before))
+        return real_collect(generation)
+
+    monkeypatch.setattr(gc, "collect", collect)
+    batches = iter(build_small_train_loader(energon_dataset, tokenizer, num_workers=0))
+    try:
+        next(batches)
+        assert walked_at_full_collections == [False]  # Energon's collection at the start of its iteration
+    finally:
+        gc.unfreeze()
 
 
 def test_worker_processes_fork_from_a_frozen_heap_and_this_process_is_left_as_it_was(

@@ -141,3 +141,12 @@ def test_status_counts_the_zero_loss_samples_it_handed_out(ray_session, spawn, e
     assert 0 < zero_loss < handed == 24  # a 64-token limit cuts some chitchat conversations, not all
     assert (status["handed_out_samples"], status["zero_loss_samples"]) == (handed, zero_loss)
     assert status["dropped_samples"] == 0 and status["skipped_samples"] == 0
+
+
+def test_the_heap_the_loader_finds_is_frozen_so_energons_full_collections_skip_it(ray_session, spawn, energon_dataset):
+    ray = ray_session
+    actor = spawn(train_spec(energon_dataset))
+    frozen_at_start = ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()), timeout=TIMEOUT_S)
+    assert frozen_at_start > 100_000  # torch, transformers, Ray and the tokenizer
+    ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)
+    assert ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()), timeout=TIMEOUT_S) > frozen_at_start

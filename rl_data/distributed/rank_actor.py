@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import os
 import time
@@ -77,6 +78,11 @@ class RankActor:
         tokenizer = getattr(processor, "tokenizer", processor)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._merge_spec = self._task.merge_spec(self._task.config(loader_spec.data_config.task), pad_token_id or 0)
+        # This process lives for its loader: freeze what the imports and the tokenizer left (~270,000
+        # objects), so the full collections Energon runs while it builds the loader and when it
+        # starts iterating skip them (0.1-0.25 s each here). Young garbage is collected first.
+        gc.collect(1)
+        gc.freeze()
         self._loader = build_energon_sft_loader(
             **loader_spec.builder_kwargs(),
             processor=processor,

@@ -235,23 +235,36 @@ class RankStream:
             self._iterator.close()
 
     def _first_item(self) -> Any:
-        """The first item; with workers, they fork from a frozen heap.
+        """The first item, pulled with the heap frozen.
 
-        Each Energon worker starts with ``gc.collect()`` and a scan of ``gc.get_objects()``
-        (Energon's ``gc_init_worker``) over every object it inherited: ~60 % of a worker's start,
-        ~0.3 CPU-s each. Frozen objects are skipped by both (CPython's advice before a fork: no
-        copy-on-write of every object's GC header either). The workers fork on the first
-        ``next``; this process unfreezes after it unless something else had frozen objects.
+        Energon starts an iteration with ``gc.collect()`` over every object alive: in this
+        process without workers, in each worker with them (plus ``gc_init_worker``'s scan of
+        ``gc.get_objects()``). In a rank actor (torch, transformers, Ray: ~270,000 objects) one
+        such collection takes 0.1-0.25 s, paid on the first batch and again after every restore;
+        with workers it was ~60 % of a worker's start. Frozen objects are skipped by both
+        (CPython's advice before a fork: no copy-on-write of every object's GC header either).
+        Young garbage is collected first; older garbage alive now stays until the unfreeze.
+
+        With workers (they fork on the first ``next``) this process unfreezes afterwards,
+        unless something else had frozen objects. Without workers it also freezes what the
+        first batch left for good (lazy imports, tokenizer caches, ~27,000 objects that made
+        each of Energon's every-10-batches collections 7-15 ms instead of ~0.3 ms); Energon's
+        unfreeze at the end of its iteration releases every freeze.
         """
-        if self._workers == 0:
-            return next(self._iterator)
         already_frozen = gc.get_freeze_count() > 0
+        gc.collect(1)
         gc.freeze()
         try:
-            return next(self._iterator)
-        finally:
+            item = next(self._iterator)
+        except BaseException:
             if not already_frozen:
                 gc.unfreeze()
+            raise
+        if self._workers == 0:
+            gc.freeze()
+        elif not already_frozen:
+            gc.unfreeze()
+        return item
 
     def energon_state(self) -> Any:
         """The Energon rank state after the items delivered so far."""
@@ -302,12 +315,6 @@ class RankStream:
             ) from None
         self._pulled += 1
         if self._workers == 0:
-            if self._pulled == 1:
-                # Energon's GcDataset collects every 10 batches and froze what was alive when it
-                # started; what the first batch left for good (lazy imports, tokenizer caches,
-                # ~27,000 objects) made each collection 7-15 ms. Frozen too, one takes ~0.3 ms;
-                # Energon's unfreeze at the end of its iteration releases both freezes.
-                gc.freeze()
             self._queues[0].append((-1, item))
         else:
             worker, sample_index = energon_fixes.last_emitted(self._loader)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ _VERSION = 2
 #: Versions restored: 1 saved zlib blobs (no ``size``), 2 saves zstd blobs with their ``size``.
 _READABLE_VERSIONS = (1, 2)
 _INT32 = torch.iinfo(torch.int32)
+_DTYPE = operator.attrgetter("dtype")
 _CODEC = "zstd"  # 60 us per sample, 0.42 of raw (zlib level 1: 149 us, 0.41; lz4: 24 us, 0.56); ~80 new per packed state
 #: Fields rebuilt apart from the plain ones.
 _SPECIAL_FIELDS = ("__restore_key__", "__sources__", "message_log")
@@ -186,17 +188,10 @@ class PackingRestoreCache(BaseWrapperDataset):
         if type(sample) is not self._sample_type:
             return None
         sources = _source_rows(sample.__sources__, self._path)
-        log = sample.message_log
-        ids = [message.get("token_ids") if type(message) is dict else None for message in log]
-        if sources is False or not ids or not all(
-            type(t) is torch.Tensor and t.dtype == torch.int64 and t.dim() == 1 for t in ids
-        ):
+        split = _split_token_ids(sample.message_log)
+        if sources is False or split is None:
             return None
-        if not all(next(reversed(message)) == "token_ids" for message in log):
-            return None  # rebuilt messages get token_ids last
-        messages = [dict(message) for message in log]
-        for message in messages:
-            del message["token_ids"]
+        messages, ids = split
         fields = {name: getattr(sample, name) for name in self._plain_fields}
         if not (_all_str(messages) or _plain_json(messages)) or not _plain_json([fields, sources]):
             return None  # a tuple, a non-str key, a NaN, an enum: would not rebuild exactly
@@ -248,6 +243,24 @@ def _damaged(found: str) -> ValueError:
         f"the saved packing buffer samples ({STATE_KEY}) are damaged ({found}); restore from "
         "another checkpoint"
     )
+
+
+def _split_token_ids(log: Any) -> tuple[list[dict[str, Any]], list[torch.Tensor]] | None:
+    """The messages of ``log`` without their ``token_ids``, and those ids; None unless every
+    message is a dict whose last key is ``token_ids`` (rebuilt messages get it last), a 1-D int64
+    tensor. One pass over the messages: this runs on every sample the packing buffers take."""
+    messages, ids = [], []
+    for message in log:
+        if type(message) is not dict or next(reversed(message), None) != "token_ids":
+            return None
+        rest = message.copy()
+        ids.append(rest.pop("token_ids"))
+        messages.append(rest)
+    if not ids or set(map(type, ids)) != {torch.Tensor}:
+        return None
+    if set(map(_DTYPE, ids)) != {torch.int64} or set(map(torch.Tensor.dim, ids)) != {1}:
+        return None
+    return messages, ids
 
 
 def _all_str(messages: list[dict[str, Any]]) -> bool:
