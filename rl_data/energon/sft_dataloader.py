@@ -55,10 +55,10 @@ from rl_data.energon.identity import (
 )
 from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders import ProcessorAdapter
-from rl_data.tokenization.fast_encode import text_encoder
 from rl_data.fingerprint import brief, differences, fingerprint
 from rl_data.packing import packing_algorithm as parse_packing_algorithm
 from rl_data.tasks import get_task
+from rl_data.tokenization.fast_encode import text_encoder
 
 _BACKEND = "energon"
 _SPLIT_ROLES = ("train", "validation")

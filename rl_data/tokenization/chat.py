@@ -61,13 +61,13 @@ import torch
 
 from rl_data.tokenization.chat_template import CHATML_TEMPLATE, render_chatml
 from rl_data.tokenization.fast_encode import text_encoder
-from rl_data.tokenization.tokenizer_cache import PerTokenizer
 from rl_data.tokenization.prefix_encoding import (
     FIRST_STEP_CHARS_PER_TOKEN,
     cuts_are_exact,
     encode_until,
     stub_prefixes,
 )
+from rl_data.tokenization.tokenizer_cache import PerTokenizer
 from rl_data.tokenization.truncation import MAX_TOKENS_KEPT_PER_MESSAGE, message_log_length, truncate_message_log
 from rl_data.tokenization.validation import (
     CONTROL_TEXT_POLICIES,

@@ -1,13 +1,15 @@
 """Facts about a tokenizer, computed once: per tokenizer object in memory, per ``tokenizer.json`` on disk.
 
 :class:`PerTokenizer` keeps a value per tokenizer object (held weakly) and version (what the
-value depends on that can change after loading: its size, its special tokens). Some facts cost a rank actor's start-up a large share of a second to compute (the vocabulary
-fingerprint, whether tiktoken encodes like the tokenizer), yet depend only on the tokenizer's
-files. They are kept under ``<rl_data cache>/<kind>/<key>``, where the key starts from the
-sha256 of the ``tokenizer.json`` of the folder the tokenizer was loaded from (computed once
-per process and file version). A tokenizer not loaded from such a folder has no key: its
-facts are computed every time. Entries are short text, written atomically; an unreadable or
-read-only cache is skipped, never fatal.
+value depends on that can change after loading: its size, its special tokens). Some facts cost
+a rank actor's start-up a large share of a second to compute (the vocabulary fingerprint,
+whether tiktoken encodes like the tokenizer, tiktoken's byte-level ranks), yet depend only on
+the tokenizer's files. They are kept under ``<rl_data cache>/<kind>/<key>``, where the key
+starts from the sha256 of the ``tokenizer.json`` of the folder the tokenizer was loaded from
+(computed once per process and file version). A tokenizer not loaded from such a folder has no
+key: its facts are computed every time. Entries are ASCII text (a digest, a verdict, or the
+~2.5 MB of base64 ranks), written atomically; an unreadable or read-only cache is skipped,
+never fatal.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def read_entry(path: Path) -> str | None:
 
 
 def write_entry(path: Path, text: str) -> None:
-    """Atomically (a reader sees the whole entry or no file); a read-only cache is skipped."""
+    """Atomically (a reader sees the whole entry or no file); a read-only or full cache is
+    skipped, and a failed write leaves no partial file behind."""
+    staging = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, staging = tempfile.mkstemp(prefix=".entry-", dir=path.parent)
@@ -83,4 +87,6 @@ def write_entry(path: Path, text: str) -> None:
             out.write(text)
         os.replace(staging, path)
     except OSError:
-        pass
+        if staging is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(staging)
