@@ -1,19 +1,24 @@
 """Energon worker-checkpoint fixes: a worker that has not started reports its pending restore;
 restored per-worker counters include the skip offset (end to end in
-``test_sft_dataloader_workers.py::test_a_chain_of_restores_with_workers_is_exact``); the fixes
-refuse an Energon version they were not checked against."""
+``test_sft_dataloader_workers.py::test_a_chain_of_restores_with_workers_is_exact``); an
+iteration's watchdog thread ends with it; the fixes refuse an Energon version they were not
+checked against."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from energon_fixtures import build_small_train_loader
 from megatron.energon.savable_loader import (
     SavableCheckpoint,
     SavableDataLoader,
     SavableDatasetCheckpoint,
     SavableDatasetWrapper,
 )
+from megatron.energon.watchdog import Watchdog
+from megatron.energon.wrappers.watchdog_dataset import WatchdogDataset
 
 from rl_data.energon import energon_fixes
 
@@ -34,6 +39,7 @@ def _placeholder():
 def test_fixes_are_installed():
     assert SavableDatasetWrapper.get_checkpoint is energon_fixes.get_checkpoint
     assert SavableDataLoader.restore_state_rank is energon_fixes.restore_state_rank
+    assert WatchdogDataset.__iter__ is energon_fixes.watched_iteration
 
 
 def test_an_unchecked_energon_version_is_refused():
@@ -41,7 +47,7 @@ def test_an_unchecked_energon_version_is_refused():
         energon_fixes.apply("7.5.0")
     assert str(error.value).startswith(
         "rl_data.energon.energon_fixes patches Megatron-Energon internals checked against "
-        "versions 7.4.0, 7.4.1, found '7.5.0'; re-check the two fixes"
+        "versions 7.4.0, 7.4.1, found '7.5.0'; re-check the three fixes"
     )
 
 
@@ -67,3 +73,20 @@ def test_started_worker_uses_energons_own_lookup():
     wrapper = _wrapper(0, checkpoints, [None], [0])
     checkpoint = wrapper.get_checkpoint([2])
     assert checkpoint.state is state and checkpoint.offset == 3
+
+
+def _watchdog_threads() -> list[threading.Thread]:
+    return [
+        thread for thread in threading.enumerate()
+        if isinstance(getattr(getattr(thread, "_target", None), "__self__", None), Watchdog)
+    ]  # fmt: skip
+
+
+def test_an_ended_or_closed_iteration_leaves_no_watchdog_thread(energon_dataset, tokenizer):
+    assert WatchdogDataset.__iter__ is energon_fixes.watched_iteration
+    before = len(_watchdog_threads())
+    loader = build_small_train_loader(energon_dataset, tokenizer, num_workers=0, loop_length=3)
+    assert len(list(loader)) == 3
+    assert len(_watchdog_threads()) == before + 1  # the iteration goes on past the loop
+    loader.close()
+    assert len(_watchdog_threads()) == before

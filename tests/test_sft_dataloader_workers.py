@@ -129,3 +129,16 @@ def test_a_chain_of_restores_with_workers_is_exact(small_dataset, tokenizer, pac
         rest = stream(loader, batch_source_ids, 14 - first_stop - 2)
         loader.close()
         assert [s.ids for s in rest] == [s.ids for s in reference[first_stop + 2 :]], first_stop
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_dropped_without_close_stops_its_workers_at_once(small_dataset, tokenizer):
+    # Energon's loader sits in a reference cycle: without the loader's own clean-up its workers
+    # lived until a later garbage collection, which then waited 5 s per worker.
+    loader = build_small_train_loader(small_dataset, tokenizer, num_workers=2, loop_length=4)
+    batches = iter(loader)
+    next(batches)
+    workers = list(loader._loader._iterator._workers)
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    del batches, loader
+    assert not any(worker.is_alive() for worker in workers)

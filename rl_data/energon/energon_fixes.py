@@ -15,10 +15,15 @@ so an upgrade is checked against this module instead of silently losing samples.
    restore). A state saved after a restore, before every worker emitted again, then makes those
    workers replay the skipped samples: duplicates after a chain of restores. The patched method
    counts the offset.
+3. ``WatchdogDataset.__iter__`` starts a ``Watchdog`` thread per iteration and never finishes
+   it: the thread polls every second for the life of the process, one more per pass, restore
+   and loader (a test session had 100+). The patched iteration finishes its watchdog when it
+   ends or is closed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import megatron.energon
@@ -28,6 +33,8 @@ from megatron.energon.savable_loader import (
     SavableDatasetCheckpoint,
     SavableDatasetWrapper,
 )
+from megatron.energon.watchdog import Watchdog
+from megatron.energon.wrappers.watchdog_dataset import WatchdogDataset
 
 #: Energon versions whose internals this module was checked against.
 PATCHED_VERSIONS = ("7.4.0", "7.4.1")
@@ -40,7 +47,7 @@ def _check_version(version: str) -> None:
     if version not in PATCHED_VERSIONS:
         raise RuntimeError(
             f"rl_data.energon.energon_fixes patches Megatron-Energon internals checked against "
-            f"versions {', '.join(PATCHED_VERSIONS)}, found {version!r}; re-check the two fixes "
+            f"versions {', '.join(PATCHED_VERSIONS)}, found {version!r}; re-check the three fixes "
             "and rl_data.energon.epoch_stream against this version (tests/test_energon_fixes.py, "
             "tests/test_sft_dataloader_workers.py), then add it to PATCHED_VERSIONS"
         )
@@ -70,6 +77,23 @@ def restore_state_rank(self: SavableDataLoader, state: SavableDataLoaderState | 
         ]
 
 
+def watched_iteration(self: WatchdogDataset) -> Iterator[Any]:
+    """``WatchdogDataset.__iter__`` whose watchdog thread ends with the iteration."""
+    if self.timeout_seconds is None:
+        yield from self.dataset
+        return
+    watchdog = Watchdog(
+        timeout=self.timeout_seconds,
+        initial_timeout=self.initial_timeout_seconds,
+        callback=self._watchdog_trigger,
+        enabled=False,
+    )
+    try:
+        yield from watchdog.watch_iter(self.dataset)
+    finally:
+        watchdog.finish()
+
+
 def _restored_index(checkpoint: SavableDatasetCheckpoint) -> int:
     """The worker's sample index right after restoring ``checkpoint`` (before skipping)."""
     return 0 if checkpoint.state is None else checkpoint.state.sample_index
@@ -91,6 +115,7 @@ def apply(version: str = megatron.energon.__version__) -> None:
     _check_version(version)
     SavableDatasetWrapper.get_checkpoint = get_checkpoint
     SavableDataLoader.restore_state_rank = restore_state_rank
+    WatchdogDataset.__iter__ = watched_iteration
 
 
 apply()

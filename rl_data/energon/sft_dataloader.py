@@ -165,9 +165,9 @@ class EnergonSFTDataLoader:
     def close(self) -> None:
         """Stop the worker processes now; the loader cannot be used afterwards.
 
-        Without it, workers stop only when the garbage collector frees the loader, which
-        takes 5 s per worker (torch joins them with a timeout after the queues were
-        finalized).
+        Dropping the last reference to the loader does the same; a loader kept alive in a
+        reference cycle would stop its workers only when the garbage collector frees it, 5 s
+        per worker (torch joins them with a timeout after the queues were finalized).
         """
         self._closed = True
         if self._stream is not None:
@@ -180,6 +180,13 @@ class EnergonSFTDataLoader:
         if worker_iterator is not None and hasattr(worker_iterator, "_shutdown_workers"):
             worker_iterator._shutdown_workers()
             self._loader._iterator = None
+
+    def __del__(self) -> None:
+        # A loader dropped without close(): its workers stop now, while their queues are alive
+        # (Energon's loader sits in a reference cycle: torch's clean-up at a later garbage
+        # collection finds the queues finalized and waits 5 s per worker).
+        if not getattr(self, "_closed", True):
+            self.close()
 
     def _require_open(self) -> None:
         if self._closed:
