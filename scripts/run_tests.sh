@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set everything up and run the whole test suite (what CI runs).
+# Set everything up and run the test suite (CI adds --run-slow: the slow tests too).
 # Tests that start their own Ray head (`ray start` / `ray job submit` / `ray stop`) are marked
 # `ray_head` and run in a second pytest process, so `ray stop` cannot touch the first one's Ray.
 set -euo pipefail

@@ -14,6 +14,22 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+RUN_SLOW = "--run-slow"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(RUN_SLOW, action="store_true", help="also run the tests marked slow (CI does)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` are skipped (and listed as such) unless ``--run-slow`` is given."""
+    if config.getoption(RUN_SLOW):
+        return
+    skip = pytest.mark.skip(reason=f"slow: run with {RUN_SLOW} (CI does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def tokenizer():

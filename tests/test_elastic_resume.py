@@ -72,7 +72,6 @@ def test_a_checkpoint_saved_at_dp_4_restores_at_dp_1_2_and_8_with_the_same_globa
         assert len(seen) == len(set(seen)) == 6 * SHARDS * 2
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_dp_change_combined_with_a_rank_actor_killed_mid_run_loses_and_repeats_nothing(
     ray_session, energon_dataset, tokenizer, tmp_path

@@ -82,9 +82,7 @@ def test_the_seed_changes_the_order_of_the_passes(tiny_dataset, tokenizer):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
-@pytest.mark.parametrize(
-    "num_workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["0_workers", "2_workers"]
-)
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
 def test_exact_passes_restore_at_every_step(tiny_dataset, tokenizer, num_workers, packing):
     def build():
         return build_small_train_loader(

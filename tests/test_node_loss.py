@@ -15,7 +15,7 @@ from distributed_fixtures import TIMEOUT_S, ids_of, reference_stream, runtime_co
 from rl_data.distributed import CoordinatorClient, DataCoordinator, RankTimeoutError
 from rl_data.distributed.placement import placement_group_name
 
-pytestmark = pytest.mark.ray_head
+pytestmark = [pytest.mark.ray_head, pytest.mark.slow]
 
 #: Every worker node hosts one rank (STRICT_SPREAD bundles need this resource).
 NODE = {"num_cpus": 1, "resources": {"rank_slot": 1}, "object_store_memory": 80 * 1024 * 1024}

@@ -16,6 +16,7 @@ from rl_data.preprocess.transform import sample_key
 
 
 @pytest.mark.ray_head
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_job_submit_runs_the_job_end_to_end(tmp_path, chat_conversations):
     rows = [{"messages": c["messages"]} for c in chat_conversations[:12]] + ["{broken"]

@@ -243,7 +243,7 @@ def _ids_and_tensors(batch):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["0_workers", "2_workers"])
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
 def test_restore_after_every_batch_continues_the_same_stream(prompt_dataset, tokenizer, num_workers):
     root, split_keys, _ = prompt_dataset
     report = assert_restores_at_every_step(

@@ -77,9 +77,7 @@ def test_audit_reproducer_commit_one_step_then_restore(energon_dataset, tokenize
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("loop_length", [5, 4], ids=["odd_loops", "even_loops"])
 @pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
-@pytest.mark.parametrize(
-    "num_workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["0_workers", "2_workers"]
-)
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
 def test_virtual_loops_restore_at_every_step(
     small_dataset, tokenizer, num_workers, packing, loop_length
 ):
