@@ -1,4 +1,5 @@
-"""Micro-benchmarks: chat formatting vs raw encode, packing algorithms, a 32 MB object-store hop.
+"""Micro-benchmarks: chat formatting vs raw encode, packing algorithms, a 32 MB object-store hop
+(the worker-to-loader item hop is `benchmarks/worker_items.py`).
 
 * **Chat formatting** (``get_formatted_message_log``, render once and split turns) against the
   tokenizer's raw batch encode of the *same* text (the concatenated turns of the formatted

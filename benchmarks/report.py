@@ -119,6 +119,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['algorithm']} | {row['sequences_per_s']:,.0f} | {row['ms_per_buffer']:.3f} | "
                 f"{row['utilization']:.3f} | {row['bin_efficiency']:.3f} | {row['bins']} |"
             )
+    lines += _worker_item_table(micro.get("worker_items", {}))
     transfer = micro.get("transfer", {})
     lines += ["", "### 32 MB batch: object store vs in-process copy", ""]
     if "error" in transfer:
@@ -127,6 +128,27 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["| path | ms |", "|---|---|"]
         lines += [f"| {key.removesuffix('_ms')} | {value:.1f} |" for key, value in transfer.items() if key.endswith("_ms")]
     return "\n".join(lines) + "\n"
+
+
+def _worker_item_table(figures: dict[str, Any]) -> list[str]:
+    lines = ["", "### A batch from an Energon worker to its loader: torch's shared memory vs in the message", ""]
+    if "error" in figures:
+        return lines + [f"failed: {figures['error']}"]
+    if not figures:
+        return lines + ["not run"]
+    lines += [
+        "CPU ms per batch (median of rounds); sender: the worker process, receiver: the loader's thread.",
+        "",
+        "| mode | tensors per batch | sender, shared memory | sender, in the message | ratio | receiver, shared memory | receiver, in the message | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, row in figures.items():
+        lines.append(
+            f"| {mode} | {row['tensors_per_batch']} | {row['shared_memory_sender_ms']:.2f} | {row['inline_sender_ms']:.2f} | "
+            f"{row['sender_shared_memory_vs_inline']:.2f} | {row['shared_memory_receiver_ms']:.2f} | "
+            f"{row['inline_receiver_ms']:.2f} | {row['receiver_shared_memory_vs_inline']:.2f} |"
+        )
+    return lines
 
 
 def _ratio(value: Any) -> str:

@@ -38,6 +38,9 @@ class BenchSettings(BaseModel):
     micro_conversations: int = Field(default=2_000, ge=1)
     #: Repetitions of the 32 MB object-store hop.
     transfer_repeats: int = Field(default=10, ge=1)
+    #: Real batches per mode and alternating rounds of the worker-to-loader item micro-benchmark.
+    worker_item_batches: int = Field(default=40, ge=1)
+    worker_item_rounds: int = Field(default=5, ge=1)
     #: Energon workers per rank actor (b) and DataLoader workers (d, 0: in-process) of the
     #: worker sweep (1 rank actor / 1 loader, every mode of ``modes``).
     worker_counts: tuple[int, ...] = (0, 1, 2, 4)
@@ -80,6 +83,8 @@ class BenchSettings(BaseModel):
             rank_counts=(1,),
             micro_conversations=60,
             transfer_repeats=2,
+            worker_item_batches=4,
+            worker_item_rounds=1,
             ray_timeout_s=60.0,
             worker_counts=(2,),
             sweep_samples_per_run=48,

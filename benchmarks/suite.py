@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import micro, ray_data, rl_data_actors
+from benchmarks import micro, ray_data, rl_data_actors, worker_items
 from benchmarks.fresh_process import run_in_fresh_process
 from benchmarks.settings import BenchSettings
 from benchmarks.vlm import prepare_vlm_workload
@@ -73,6 +73,10 @@ def run_suite(
         lengths = chat.pop("lengths", []) if "error" not in chat else []
         micro_results["chat_formatting"] = chat
         micro_results["packing"] = _attempt("micro: packing", lambda: micro.packing(settings, lengths), log)
+        # before Ray starts: its sender is forked from this process
+        micro_results["worker_items"] = _attempt(
+            "micro: worker items", lambda: worker_items.run(workload, settings, tokenizer), log
+        )
     import ray
 
     ray_dir = tempfile.mkdtemp(prefix="rl_data_bench_ray_")

@@ -80,6 +80,9 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
         "balanced_greedy_knapsack",
     ]
     assert all(0 < row["utilization"] <= 1 for row in micro["packing"])
+    items = micro["worker_items"]["packed"]
+    assert items["batches"] == 4 and items["tensors_per_batch"] >= 4
+    assert all(items[f"{way}_{side}_ms"] > 0 for way in ("shared_memory", "inline") for side in ("sender", "receiver"))
     assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
     judged = {t["target"]: t for t in results["targets"]}
     assert set(judged) >= {

@@ -10,6 +10,7 @@ every step over several loops, reiterating at each loop end as the rank actor do
 from __future__ import annotations
 
 import pytest
+import torch
 
 from energon_fixtures import (
     SINGLE_RANK_UNPACKED,
@@ -140,3 +141,18 @@ def test_a_loader_dropped_without_close_stops_its_workers_at_once(small_dataset,
     assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
     del batches, loader
     assert not any(worker.is_alive() for worker in workers)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
+def test_batches_from_workers_arrive_in_the_message_not_in_shared_memory(small_dataset, tokenizer, packing):
+    # torch moves every tensor of a worker's item through its own shared-memory segment and
+    # file-descriptor hand-over; the loader's workers send tensors up to 1 MB inside the message.
+    loader = build_small_train_loader(small_dataset, tokenizer, num_workers=2, loop_length=4, packing=packing)
+    try:
+        batch = next(iter(loader))
+    finally:
+        loader.close()
+    tensors = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    assert "input_ids" in tensors
+    assert not any(tensor.is_shared() for tensor in tensors.values()), {k: t.is_shared() for k, t in tensors.items()}

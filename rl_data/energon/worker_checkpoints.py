@@ -11,7 +11,8 @@ answer is the state it was restored from (or the initial state), as
 ``SavableDatasetWrapper.get_initial_checkpoint`` gives it.
 
 Only loaders passed to :func:`ship_checkpoints` send checkpoints; their items then arrive as
-:class:`WithCheckpoint` and :class:`WorkerCheckpoints` takes them apart.
+:class:`WithCheckpoint` and :class:`WorkerCheckpoints` takes them apart. The item inside travels
+as :mod:`rl_data.energon.worker_items` pickles it (small tensors inside the message).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from megatron.energon.savable_loader import (
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from rl_data.energon import energon_fixes
+from rl_data.energon.worker_items import dumps_item, loads_item
 
 #: Attribute set on a loader's ``SavableDatasetWrapper``: its workers send their checkpoints.
 _SHIP = "_rl_data_ship_checkpoints"
@@ -44,11 +46,15 @@ class WithCheckpoint:
         self.item, self.checkpoint = item, checkpoint
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return WithCheckpoint, (self.item, self.checkpoint)
+        return _from_worker, (dumps_item(self.item), self.checkpoint)
 
     def pin_memory(self, device: Any = None) -> "WithCheckpoint":
         """Pinned like the bare item would be (torch's DataLoader with ``pin_memory=True``)."""
         return WithCheckpoint(pin_memory(self.item, device), self.checkpoint)
+
+
+def _from_worker(item: bytes, checkpoint: tuple[int, Any] | None) -> WithCheckpoint:
+    return WithCheckpoint(loads_item(item), checkpoint)
 
 
 def _iter_shipping(self: SavableDatasetWrapper):
