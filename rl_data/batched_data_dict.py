@@ -293,7 +293,7 @@ def _stack_values(key: str, values: list[Any], pad_value: int | float) -> Any:
 POOLED_TENSOR_MAX_BYTES = 1 << 16
 
 
-class _TensorBytes(NamedTuple):
+class TensorBytes(NamedTuple):
     """A tensor as a flat uint8 numpy array plus what is needed to view it back."""
 
     data: np.ndarray
@@ -311,16 +311,18 @@ class _Encoded(NamedTuple):
     """
 
     structure: bytes
-    large: list[_TensorBytes]
-    pools: dict[torch.dtype, tuple[_TensorBytes, list[int]]]
+    large: list[TensorBytes]
+    pools: dict[torch.dtype, tuple[TensorBytes, list[int]]]
 
 
-def _tensor_to_bytes(t: torch.Tensor) -> _TensorBytes:
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return _TensorBytes(flat.view(torch.uint8).numpy(), t.dtype, tuple(t.shape))
+def tensor_to_bytes(t: torch.Tensor) -> TensorBytes:
+    """``t``'s values as a flat uint8 array (a conjugate or negative view is resolved first)."""
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return TensorBytes(flat.view(torch.uint8).numpy(), t.dtype, tuple(t.shape))
 
 
-def _tensor_from_bytes(b: _TensorBytes | torch.Tensor) -> torch.Tensor:
+def tensor_from_bytes(b: TensorBytes | torch.Tensor) -> torch.Tensor:
+    """The tensor :func:`tensor_to_bytes` took apart (a tensor is returned as it is)."""
     if isinstance(b, torch.Tensor):  # sent by torch's multiprocessing pickler (shared memory)
         return b
     with warnings.catch_warnings():
@@ -341,12 +343,12 @@ class _TensorCollectingPickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.dispatch_table = {**copyreg.dispatch_table, torch.Tensor: self._reduce_tensor}
         self.keep_tensors = keep_tensors
-        self.large: list[_TensorBytes | torch.Tensor] = []
+        self.large: list[TensorBytes | torch.Tensor] = []
         self.pools: dict[torch.dtype, list[torch.Tensor]] = {}
 
     def _reduce_tensor(self, t: torch.Tensor) -> tuple:
         if t.nbytes >= POOLED_TENSOR_MAX_BYTES:
-            self.large.append(t.detach() if self.keep_tensors else _tensor_to_bytes(t))
+            self.large.append(t.detach() if self.keep_tensors else tensor_to_bytes(t))
             return _large_tensor, (len(self.large) - 1,)
         pool = self.pools.setdefault(t.dtype, [])
         if t.ndim == 1 and t.is_cpu and not t.requires_grad:
@@ -361,7 +363,7 @@ _unpickling = threading.local()
 
 
 def _large_tensor(index: int) -> torch.Tensor:
-    return _tensor_from_bytes(_unpickling.encoded.large[index])
+    return tensor_from_bytes(_unpickling.encoded.large[index])
 
 
 def _pooled_tensor(dtype: torch.dtype, index: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -375,7 +377,7 @@ def _encode_batched_data_dict(data: Mapping[str, Any], keep_tensors: bool = Fals
     stream = io.BytesIO()
     pickler = _TensorCollectingPickler(stream, keep_tensors)
     pickler.dump(dict(data))
-    as_buffer = (lambda t: t) if keep_tensors else _tensor_to_bytes
+    as_buffer = (lambda t: t) if keep_tensors else tensor_to_bytes
     pools = {
         dtype: (as_buffer(torch.cat(parts)), [part.numel() for part in parts])
         for dtype, parts in pickler.pools.items()
@@ -393,7 +395,7 @@ def _reduce_for_worker_processes(batch: BatchedDataDict) -> tuple:
 def _rebuild_batched_data_dict(cls: type, encoded: _Encoded) -> BatchedDataDict:
     outer = getattr(_unpickling, "encoded", None), getattr(_unpickling, "pools", None)
     _unpickling.encoded = encoded
-    _unpickling.pools = {dtype: torch.split(_tensor_from_bytes(data), sizes) for dtype, (data, sizes) in encoded.pools.items()}
+    _unpickling.pools = {dtype: torch.split(tensor_from_bytes(data), sizes) for dtype, (data, sizes) in encoded.pools.items()}
     try:
         return cls(pickle.loads(encoded.structure))
     finally:  # a BatchedDataDict nested in another one is rebuilt while its parent unpickles

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import reduce_tensor  # registers torch's reducers too
 
+from rl_data.batched_data_dict import tensor_from_bytes, tensor_to_bytes
+
 #: Largest tensor (bytes of its elements) sent inside the message rather than shared memory.
 INLINE_MAX_BYTES = 1 << 20
 
@@ -56,11 +58,4 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
         or tensor.numel() * tensor.element_size() > INLINE_MAX_BYTES
     ):
         return reduce_tensor(tensor)
-    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return _inline_tensor, (flat.view(torch.uint8).numpy().tobytes(), tensor.dtype, tuple(tensor.shape))
-
-
-def _inline_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+    return tensor_from_bytes, (tensor_to_bytes(tensor),)
