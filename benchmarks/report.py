@@ -120,6 +120,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{row['utilization']:.3f} | {row['bin_efficiency']:.3f} | {row['bins']} |"
             )
     lines += _worker_item_table(micro.get("worker_items", {}))
+    lines += _rank_state_table(micro.get("rank_states", {}))
     transfer = micro.get("transfer", {})
     lines += ["", "### 32 MB batch: object store vs in-process copy", ""]
     if "error" in transfer:
@@ -130,23 +131,44 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _worker_item_table(figures: dict[str, Any]) -> list[str]:
-    lines = ["", "### A batch from an Energon worker to its loader: torch's shared memory vs in the message", ""]
+def _micro_table(title: str, figures: dict[str, Any], caption: str, columns: list[str]) -> tuple[list[str], bool]:
+    """The heading, caption and header of a micro-benchmark's table; False when it has no rows."""
+    lines = ["", f"### {title}", ""]
     if "error" in figures:
-        return lines + [f"failed: {figures['error']}"]
+        return lines + [f"failed: {figures['error']}"], False
     if not figures:
-        return lines + ["not run"]
-    lines += [
+        return lines + ["not run"], False
+    return lines + [caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)], True
+
+
+def _worker_item_table(figures: dict[str, Any]) -> list[str]:
+    lines, has_rows = _micro_table(
+        "A batch from an Energon worker to its loader: torch's shared memory vs in the message",
+        figures,
         "CPU ms per batch (median of rounds); sender: the worker process, receiver: the loader's thread.",
-        "",
-        "| mode | tensors per batch | sender, shared memory | sender, in the message | ratio | receiver, shared memory | receiver, in the message | ratio |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for mode, row in figures.items():
+        ["mode", "tensors per batch", "sender, shared memory", "sender, in the message", "ratio",
+         "receiver, shared memory", "receiver, in the message", "ratio"],
+    )
+    for mode, row in figures.items() if has_rows else ():
         lines.append(
             f"| {mode} | {row['tensors_per_batch']} | {row['shared_memory_sender_ms']:.2f} | {row['inline_sender_ms']:.2f} | "
             f"{row['sender_shared_memory_vs_inline']:.2f} | {row['shared_memory_receiver_ms']:.2f} | "
             f"{row['inline_receiver_ms']:.2f} | {row['receiver_shared_memory_vs_inline']:.2f} |"
+        )
+    return lines
+
+
+def _rank_state_table(figures: dict[str, Any]) -> list[str]:
+    lines, has_rows = _micro_table(
+        "A rank's state after every batch with Energon workers: every checkpoint encoded vs only the new one",
+        figures,
+        "ms per state (median over the batches); the same bytes both ways.",
+        ["mode", "workers", "state bytes", "every checkpoint", "only the new one", "ratio"],
+    )
+    for key, row in figures.items() if has_rows else ():
+        lines.append(
+            f"| {key.split('/')[0]} | {row['workers']} | {row['state_bytes']:,} | {row['full_ms']:.2f} | "
+            f"{row['reusing_ms']:.2f} | {row['full_vs_reusing']:.2f} |"
         )
     return lines
 

@@ -41,6 +41,9 @@ class BenchSettings(BaseModel):
     #: Real batches per mode and alternating rounds of the worker-to-loader item micro-benchmark.
     worker_item_batches: int = Field(default=40, ge=1)
     worker_item_rounds: int = Field(default=5, ge=1)
+    #: Batches per mode and Energon worker counts of the rank-state micro-benchmark.
+    state_batches: int = Field(default=40, ge=1)
+    state_worker_counts: tuple[int, ...] = (2, 4)
     #: Energon workers per rank actor (b) and DataLoader workers (d, 0: in-process) of the
     #: worker sweep (1 rank actor / 1 loader, every mode of ``modes``).
     worker_counts: tuple[int, ...] = (0, 1, 2, 4)
@@ -85,6 +88,8 @@ class BenchSettings(BaseModel):
             transfer_repeats=2,
             worker_item_batches=4,
             worker_item_rounds=1,
+            state_batches=4,
+            state_worker_counts=(2,),
             ray_timeout_s=60.0,
             worker_counts=(2,),
             sweep_samples_per_run=48,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import micro, ray_data, rl_data_actors, worker_items
+from benchmarks import micro, ray_data, rank_states, rl_data_actors, worker_items
 from benchmarks.fresh_process import run_in_fresh_process
 from benchmarks.settings import BenchSettings
 from benchmarks.vlm import prepare_vlm_workload
@@ -76,6 +76,9 @@ def run_suite(
         # before Ray starts: its sender is forked from this process
         micro_results["worker_items"] = _attempt(
             "micro: worker items", lambda: worker_items.run(workload, settings, tokenizer), log
+        )
+        micro_results["rank_states"] = _attempt(
+            "micro: rank states", lambda: rank_states.run(workload, settings, tokenizer), log
         )
     import ray
 

@@ -10,6 +10,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.distributed.placement import config_layout, placement_fingerprint
@@ -18,6 +20,9 @@ from rl_data.distributed.placement import config_layout, placement_fingerprint
 TIMEOUT_S = 60.0
 #: Energon loader worker processes the exactly-once and kill tests run with.
 ENERGON_WORKERS = (0, 2)
+#: The same for the slowest kill tests: their 0-worker runs (the path every other coordinator test
+#: takes) only with --run-slow, which keeps the default suite near 15 min; CI runs both.
+ENERGON_WORKERS_0_SLOW = (pytest.param(0, marks=pytest.mark.slow), 2)
 
 
 def train_spec(dataset: Any, workers: int = 0, **overrides: Any) -> LoaderSpec:

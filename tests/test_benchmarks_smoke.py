@@ -83,6 +83,9 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     items = micro["worker_items"]["packed"]
     assert items["batches"] == 4 and items["tensors_per_batch"] >= 4
     assert all(items[f"{way}_{side}_ms"] > 0 for way in ("shared_memory", "inline") for side in ("sender", "receiver"))
+    states = micro["rank_states"]["packed/2"]
+    assert (states["workers"], states["batches"]) == (2, 4) and states["state_bytes"] > 0
+    assert states["full_ms"] > 0 and states["reusing_ms"] > 0
     assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
     judged = {t["target"]: t for t in results["targets"]}
     assert set(judged) >= {

@@ -20,7 +20,7 @@ from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
 from rl_data.distributed.config import ParallelLayout
 
 
-@pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), (4, 4, 0), (1, 2, 2)])
+@pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), pytest.param(4, 4, 0, marks=pytest.mark.slow), (1, 2, 2)])
 def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size, workers):
     ray = ray_session
     spec, config = train_spec(energon_dataset, workers), runtime_config(world_size, prefetch_depth)

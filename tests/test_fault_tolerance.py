@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_fixtures import ENERGON_WORKERS, TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
 from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError
 
 
@@ -18,7 +18,7 @@ def _ids(ray, refs):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session, energon_dataset, tokenizer, tmp_path, workers):
     ray = ray_session
     spec, config = train_spec(energon_dataset, workers), runtime_config(2, 2)
@@ -97,7 +97,7 @@ def _next_step_retrying(ray, coordinator, tries: int = 30, **kwargs):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session, energon_dataset, tokenizer, workers):
     # Issue 12 item 2: rank 1 needs 1.5 s a batch, the step timeout is 1 s. Killed with steps 2
     # and 3 pending, its replacement times out re-producing step 2; the retries must finish
@@ -123,7 +123,7 @@ def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(r
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_a_rank_that_died_before_a_restore_is_replaced_and_restored(ray_session, energon_dataset, tokenizer, tmp_path, workers):
     # Issue 12 item 3: the restore used to fail with a bare ActorDiedError, and the next steps
     # mixed restored ranks with a fresh one.

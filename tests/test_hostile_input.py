@@ -240,11 +240,13 @@ def test_debug_shows_the_full_traceback(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_an_error_inside_a_ray_task_is_one_line(tmp_path):
+def test_an_error_inside_a_ray_task_is_one_line(tmp_path, ray_session):
+    import ray
+
     write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"p{i}", "response": "r"} for i in range(120)])
     (tmp_path / "z.json").write_text('[{"prompt": "p", "response": "r"}, {"bad": ')
     args = [str(tmp_path / "a.jsonl"), str(tmp_path / "z.json"), "-o", str(tmp_path / "out"), "--no-progress",
-            "--ray-address", "local"]
+            "--ray-address", ray.get_runtime_context().gcs_address]
     result, _ = run_cli(*args)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "Traceback" in line or "open an issue" in line]

@@ -77,7 +77,7 @@ def _loader_ids(config: TrainDemoConfig, processor, steps: int) -> list[list[lis
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("task,packing", [("vlm_sft", "first_fit_decreasing"), ("preference", None)])
+@pytest.mark.parametrize("task,packing", [pytest.param("vlm_sft", "first_fit_decreasing", marks=pytest.mark.slow), ("preference", None)])
 def test_the_job_runs_the_task_and_proves_the_continuation(ray_session, tmp_path, task, packing):
     from rl_data.jobs.sft_demo import run_demo
     from rl_data.preprocess.pipeline import load_dataset_info

@@ -201,7 +201,7 @@ PACKING = dict(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("packing", [pytest.param(False, marks=pytest.mark.slow), True], ids=["unpacked", "packed"])
 def test_multimodal_restore_continues_the_uninterrupted_stream(ray_session, image_dataset, processor, tmp_path, packing):
     ray = ray_session
     root, media = image_dataset

@@ -10,6 +10,7 @@ import pickle
 import numpy
 import pytest
 import torch
+from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint
 from megatron.energon.state import FlexState
 
 from energon_fixtures import SINGLE_RANK_UNPACKED
@@ -19,6 +20,7 @@ from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.state_codec import (
     CODEC,
     TAGS,
+    EncodedValueCache,
     StateCodecError,
     decode_rank_state,
     encode_rank_state,
@@ -126,6 +128,44 @@ def test_a_type_outside_the_allow_list_is_refused_on_save():
         encode_rank_state(FlexState(a=numpy.array([None], dtype=object)))
     with pytest.raises(StateCodecError, match=r"state has the key 1 of type int; state mappings"):
         encode_rank_state({1: 2})
+
+
+def _workers_state(*states):
+    checkpoints = [SavableDatasetCheckpoint(state=state, offset=offset) for offset, state in enumerate(states)]
+    return SavableDataLoaderState(worker_states=checkpoints, next_worker_id=1, micro_batch_size=2)
+
+
+def test_worker_states_in_the_cache_are_encoded_once_into_the_same_bytes():
+    kept = FlexState(buffer=[("shard", 1), ("shard", 2)], rng=torch.arange(4), raw=b"\x00\x01")
+    fresh = FlexState(buffer=[("shard", 3)])
+    state = _workers_state(kept, None, fresh)
+    cache = EncodedValueCache()
+    cache.add(kept)
+    uncached = encode_rank_state(state)
+    assert encode_rank_state(state, cache) == uncached
+    # the cache holds the JSON of `kept`: a change its owner promised not to make is not seen
+    kept["buffer"].append(("shard", 4))
+    assert encode_rank_state(state, cache) == uncached != encode_rank_state(state)
+    cache.discard(kept)
+    assert len(cache) == 0 and encode_rank_state(state, cache) == encode_rank_state(state)
+
+
+def test_a_state_string_equal_to_the_cache_marker_falls_back_to_a_full_encode():
+    kept = FlexState(key="a")
+    impostor = FlexState(key="\x00rl_data worker state 0")  # the marker of worker 0's cached state
+    state = _workers_state(kept, impostor)
+    cache = EncodedValueCache()
+    cache.add(kept)
+    assert encode_rank_state(state, cache) == encode_rank_state(state)
+    assert decode_rank_state(encode_rank_state(state, cache)).worker_states[1].state["key"] == impostor["key"]
+
+
+def test_a_cached_worker_state_outside_the_allow_list_is_refused_naming_where():
+    cache = EncodedValueCache()
+    bad = FlexState(a=numpy.array([None], dtype=object))
+    cache.add(bad)
+    with pytest.raises(StateCodecError, match=r"state\.worker_states\[1\]\.state\['a'\] is a numpy.ndarray of dtype object"):
+        encode_rank_state(_workers_state(None, bad), cache)
 
 
 def _document(state):

@@ -32,6 +32,7 @@ from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLo
 from megatron.energon.wrappers.base import BaseWrapperDataset
 
 from rl_data.energon import energon_fixes
+from rl_data.energon.state_codec import EncodedValueCache
 from rl_data.energon.worker_checkpoints import WorkerCheckpoints, ship_checkpoints
 
 
@@ -275,6 +276,11 @@ class RankStream:
         if self._workers == 0:
             return self._loader.save_state_rank()
         return self._checkpoints.save_state_rank_at(self._delivered, next_worker=self.position.cursor)
+
+    @property
+    def encoded_worker_states(self) -> EncodedValueCache | None:
+        """The JSON of the worker checkpoints :meth:`energon_state` may hold (None without workers)."""
+        return None if self._checkpoints is None else self._checkpoints.encoded
 
     def next(self) -> Any:
         """The next batch, or a :class:`PassOver` when the pass of every worker ended."""

@@ -285,15 +285,16 @@ class EnergonSFTDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """The format-2 envelope; loads with ``torch.load(weights_only=True)``."""
         self._require_open()
-        position = None
+        position = encoded = None
         if self._stream is not None:
             rank_state = self._stream.energon_state()
             position = self._stream.position.to_json()
+            encoded = self._stream.encoded_worker_states
         elif self._energon_iterating and self._batches == 0:
             rank_state = self._resting_state
         else:
             rank_state = self._loader.save_state_rank()
-        payload = bytearray(encode_rank_state(rank_state))
+        payload = bytearray(encode_rank_state(rank_state, encoded))
         return {
             "backend": _BACKEND,
             "format_version": _V2_STATE_FORMAT_VERSION,

@@ -29,6 +29,7 @@ from megatron.energon.savable_loader import (
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from rl_data.energon import energon_fixes
+from rl_data.energon.state_codec import EncodedValueCache
 from rl_data.energon.worker_items import dumps_item, loads_item
 
 #: Attribute set on a loader's ``SavableDatasetWrapper``: its workers send their checkpoints.
@@ -83,11 +84,16 @@ def ship_checkpoints(loader: SavableDataLoader) -> None:
 
 
 class WorkerCheckpoints:
-    """The loader process's copy of each worker's checkpoints since the start or restore."""
+    """The loader process's copy of each worker's checkpoints since the start or restore.
+
+    The checkpoints that arrived from the workers are this process's own copies, never changed:
+    ``encoded`` keeps their JSON for the states that hold them again.
+    """
 
     def __init__(self, loader: SavableDataLoader) -> None:
         self._loader = loader
         self._per_worker: list[deque[tuple[int, Any]]] = []
+        self.encoded = EncodedValueCache()
         self.reset()
 
     def reset(self) -> None:
@@ -98,6 +104,7 @@ class WorkerCheckpoints:
             deque([(0 if state is None else state.sample_index, state)])
             for state in wrapper._workers_restore_from
         ]
+        self.encoded.clear()
 
     def take(self, worker: int, shipped: Any) -> Any:
         """The bare item of ``shipped`` (a :class:`WithCheckpoint` of ``worker``), keeping its
@@ -109,13 +116,14 @@ class WorkerCheckpoints:
             )
         if shipped.checkpoint is not None:
             self._per_worker[worker].append(shipped.checkpoint)
+            self.encoded.add(shipped.checkpoint[1])
         return shipped.item
 
     def delivered(self, worker: int, sample_index: int) -> None:
         """``worker``'s item ``sample_index`` was delivered: older checkpoints are not needed."""
         entries = self._per_worker[worker]
         while len(entries) > 1 and entries[1][0] <= sample_index + 1:
-            entries.popleft()
+            self.encoded.discard(entries.popleft()[1])
 
     def save_state_rank_at(self, counters: list[int], next_worker: int) -> SavableDataLoaderState:
         """The rank state after each worker's item ``counters[w]`` (Energon's ``save_state_rank``
