@@ -152,12 +152,20 @@ def test_worker_states_in_the_cache_are_encoded_once_into_the_same_bytes():
 
 def test_a_state_string_equal_to_the_cache_marker_falls_back_to_a_full_encode():
     kept = FlexState(key="a")
-    impostor = FlexState(key="\x00rl_data worker state 0")  # the marker of worker 0's cached state
-    state = _workers_state(kept, impostor)
+    # the marker of worker 1's cached state, in worker 0's state: found first when searched
+    impostor = FlexState(key="\x00rl_data worker state 1")
+    state = _workers_state(impostor, kept)
     cache = EncodedValueCache()
     cache.add(kept)
     assert encode_rank_state(state, cache) == encode_rank_state(state)
-    assert decode_rank_state(encode_rank_state(state, cache)).worker_states[1].state["key"] == impostor["key"]
+    assert decode_rank_state(encode_rank_state(state, cache)).worker_states[0].state["key"] == impostor["key"]
+    # a cached state may hold another worker's marker: its JSON is joined in, never searched
+    holder = FlexState(key="\x00rl_data worker state 1")
+    other = FlexState(key="b")
+    state = _workers_state(holder, other)
+    cache.add(holder)
+    cache.add(other)
+    assert encode_rank_state(state, cache) == encode_rank_state(state)
 
 
 def test_a_cached_worker_state_outside_the_allow_list_is_refused_naming_where():

@@ -98,6 +98,7 @@ class EncodedValueCache:
         self._values.pop(id(value), None)
 
     def clear(self) -> None:
+        """Forget every value (the loader restored another state)."""
         self._values.clear()
 
     def __len__(self) -> int:
@@ -132,7 +133,8 @@ def _dumps(value: Any) -> str:
 
 def _encode_with_cached_worker_states(state: SavableDataLoaderState, cache: EncodedValueCache) -> str | None:
     """The document with each cached worker state's JSON put in place of a marker string, or
-    None when a marker is not found exactly once (a state string equal to it)."""
+    None when a marker is not found exactly once in the rest (a state string equal to it). The
+    cached JSON is joined in one pass, never searched."""
     checkpoints, cached = [], {}
     for index, checkpoint in enumerate(state.worker_states):
         if type(checkpoint) is SavableDatasetCheckpoint:
@@ -145,11 +147,17 @@ def _encode_with_cached_worker_states(state: SavableDataLoaderState, cache: Enco
         checkpoints.append(checkpoint)
     skeleton = dataclasses.replace(state, worker_states=checkpoints)
     text = _dumps({"codec": CODEC, "state": _encode(skeleton, "state")})
+    spans = []
     for marker, json_text in cached.items():
         if text.count(marker) != 1:
             return None
-        text = text.replace(marker, json_text)
-    return text
+        spans.append((text.index(marker), len(marker), json_text))
+    pieces, start = [], 0
+    for at, length, json_text in sorted(spans):
+        pieces += (text[start:at], json_text)
+        start = at + length
+    pieces.append(text[start:])
+    return "".join(pieces)
 
 
 def decode_rank_state(data: bytes) -> Any:
