@@ -1,4 +1,4 @@
-"""Micro-benchmark: a rank's state after every batch with Energon workers.
+"""Micro-benchmarks: a rank's state after every batch, with Energon workers and deferred.
 
 Each worker sends a checkpoint with each batch it makes, so between two states of the rank only
 one worker's checkpoint is new. The state is encoded (``rl_data.energon.state_codec``) after every
@@ -7,6 +7,13 @@ batch: every checkpoint encoded again (``encode_rank_state(state)``) against onl
 loader of the workload with ``state_worker_counts`` workers, after each of ``state_batches``
 batches; the two alternate which runs first, the bytes must be equal, and each figure is the
 median ms. Run before Ray starts in the benchmark process: the loader forks its workers.
+
+:func:`deferred`: packed, 0 workers (a rank's default), the state a rank handed out after every
+batch until now (``state_dict()``, with the packing buffers' encoded samples) against the one it
+hands out now (``state_dict_deferring()``, without them: a checkpoint completes its own state
+once), on one loader after each of ``state_batches`` batches, alternating which runs first. A
+sample's compaction is kept while the buffers hold it, so each complete state compacts only the
+samples new since the one before: what a rank paid per batch.
 """
 
 from __future__ import annotations
@@ -69,3 +76,38 @@ def _timed(state: Any, cache: Any, into: list[float]) -> bytes:
     encoded = encode_rank_state(state, cache)
     into.append(1e3 * (time.perf_counter() - begin))
     return encoded
+
+
+def deferred(workload: Workload, settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
+    """Packed, 0 workers: bytes and ms per state, complete against deferred, and their ratio."""
+    loader = build_energon_sft_loader(processor=tokenizer, **loader_kwargs(workload, settings, packing=True, workers=0))
+    complete_ms: list[float] = []
+    deferred_ms: list[float] = []
+    try:
+        batches = iter(loader)
+        for _ in range(WARM_UP_BATCHES):
+            next(batches)
+        for index in range(settings.state_batches):
+            next(batches)
+            ways = [(complete_ms, loader.state_dict), (deferred_ms, lambda: loader.state_dict_deferring()[0])]
+            states = {id(into): _timed_call(call, into) for into, call in (ways if index % 2 else ways[::-1])}
+    finally:
+        loader.close()
+    complete, light = statistics.median(complete_ms), statistics.median(deferred_ms)
+    return {
+        "packed": {
+            "batches": settings.state_batches,
+            "complete_bytes": states[id(complete_ms)]["loader_state"].numel(),
+            "deferred_bytes": states[id(deferred_ms)]["loader_state"].numel(),
+            "complete_ms": complete,
+            "deferred_ms": light,
+            "complete_vs_deferred": complete / max(light, 1e-9),
+        }
+    }
+
+
+def _timed_call(call: Any, into: list[float]) -> Any:
+    begin = time.perf_counter()
+    state = call()
+    into.append(1e3 * (time.perf_counter() - begin))
+    return state

@@ -121,6 +121,7 @@ def markdown(results: dict[str, Any]) -> str:
             )
     lines += _worker_item_table(micro.get("worker_items", {}))
     lines += _rank_state_table(micro.get("rank_states", {}))
+    lines += _deferred_state_table(micro.get("deferred_states", {}))
     transfer = micro.get("transfer", {})
     lines += ["", "### 32 MB batch: object store vs in-process copy", ""]
     if "error" in transfer:
@@ -131,46 +132,70 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _micro_table(title: str, figures: dict[str, Any], caption: str, columns: list[str]) -> tuple[list[str], bool]:
-    """The heading, caption and header of a micro-benchmark's table; False when it has no rows."""
+def _micro_table(title: str, figures: dict[str, Any], caption: str, columns: list[tuple[str, Any]]) -> list[str]:
+    """A micro-benchmark's heading, caption and table: one row per ``figures`` entry, a column per
+    ``(header, cell(key, row))``; its error, or "not run", instead when it has no rows."""
     lines = ["", f"### {title}", ""]
     if "error" in figures:
-        return lines + [f"failed: {figures['error']}"], False
+        return lines + [f"failed: {figures['error']}"]
     if not figures:
-        return lines + ["not run"], False
-    return lines + [caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)], True
+        return lines + ["not run"]
+    lines += [caption, "", "| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(cell(key, row) for _, cell in columns) + " |" for key, row in figures.items()]
+
+
+def _field(name: str, spec: str = "{:.2f}") -> Any:
+    return lambda key, row: spec.format(row[name])
 
 
 def _worker_item_table(figures: dict[str, Any]) -> list[str]:
-    lines, has_rows = _micro_table(
+    return _micro_table(
         "A batch from an Energon worker to its loader: torch's shared memory vs in the message",
         figures,
         "CPU ms per batch (median of rounds); sender: the worker process, receiver: the loader's thread.",
-        ["mode", "tensors per batch", "sender, shared memory", "sender, in the message", "ratio",
-         "receiver, shared memory", "receiver, in the message", "ratio"],
+        [
+            ("mode", lambda key, row: key),
+            ("tensors per batch", _field("tensors_per_batch", "{}")),
+            ("sender, shared memory", _field("shared_memory_sender_ms")),
+            ("sender, in the message", _field("inline_sender_ms")),
+            ("ratio", _field("sender_shared_memory_vs_inline")),
+            ("receiver, shared memory", _field("shared_memory_receiver_ms")),
+            ("receiver, in the message", _field("inline_receiver_ms")),
+            ("ratio", _field("receiver_shared_memory_vs_inline")),
+        ],
     )
-    for mode, row in figures.items() if has_rows else ():
-        lines.append(
-            f"| {mode} | {row['tensors_per_batch']} | {row['shared_memory_sender_ms']:.2f} | {row['inline_sender_ms']:.2f} | "
-            f"{row['sender_shared_memory_vs_inline']:.2f} | {row['shared_memory_receiver_ms']:.2f} | "
-            f"{row['inline_receiver_ms']:.2f} | {row['receiver_shared_memory_vs_inline']:.2f} |"
-        )
-    return lines
 
 
 def _rank_state_table(figures: dict[str, Any]) -> list[str]:
-    lines, has_rows = _micro_table(
+    return _micro_table(
         "A rank's state after every batch with Energon workers: every checkpoint encoded vs only the new one",
         figures,
         "ms per state (median over the batches); the same bytes both ways.",
-        ["mode", "workers", "state bytes", "every checkpoint", "only the new one", "ratio"],
+        [
+            ("mode", lambda key, row: key.split("/")[0]),
+            ("workers", _field("workers", "{}")),
+            ("state bytes", _field("state_bytes", "{:,}")),
+            ("every checkpoint", _field("full_ms")),
+            ("only the new one", _field("reusing_ms")),
+            ("ratio", _field("full_vs_reusing")),
+        ],
     )
-    for key, row in figures.items() if has_rows else ():
-        lines.append(
-            f"| {key.split('/')[0]} | {row['workers']} | {row['state_bytes']:,} | {row['full_ms']:.2f} | "
-            f"{row['reusing_ms']:.2f} | {row['full_vs_reusing']:.2f} |"
-        )
-    return lines
+
+
+def _deferred_state_table(figures: dict[str, Any]) -> list[str]:
+    return _micro_table(
+        "A rank's state after every batch, 0 workers: with the packing buffers' samples vs deferred",
+        figures,
+        "ms per state (median over the batches); a checkpoint completes its deferred state once.",
+        [
+            ("mode", lambda key, row: key),
+            ("complete bytes", _field("complete_bytes", "{:,}")),
+            ("deferred bytes", _field("deferred_bytes", "{:,}")),
+            ("complete ms", _field("complete_ms")),
+            ("deferred ms", _field("deferred_ms")),
+            ("ratio", _field("complete_vs_deferred")),
+        ],
+    )
 
 
 def _ratio(value: Any) -> str:

@@ -80,6 +80,9 @@ def run_suite(
         micro_results["rank_states"] = _attempt(
             "micro: rank states", lambda: rank_states.run(workload, settings, tokenizer), log
         )
+        micro_results["deferred_states"] = _attempt(
+            "micro: deferred rank states", lambda: rank_states.deferred(workload, settings, tokenizer), log
+        )
     import ray
 
     ray_dir = tempfile.mkdtemp(prefix="rl_data_bench_ray_")

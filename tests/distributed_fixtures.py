@@ -56,6 +56,16 @@ def runtime_config(world_size: int, prefetch_depth: int, **overrides: Any) -> Ru
 
 def reference_stream(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[list[str]]]:
     """``[step][rank] -> source ids`` of an uninterrupted run, read directly from the loaders."""
+    return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: list(batch["source_ids"]))
+
+
+def reference_states(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[dict[str, Any]]]:
+    """``[step][rank] -> loader.state_dict()`` after that step's batch, read directly from the loaders."""
+    return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: loader.state_dict())
+
+
+def _direct_run(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int, take: Any) -> list[list[Any]]:
+    """``[step][rank] -> take(loader, batch)`` of an uninterrupted run of each rank's loader."""
     from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
     fingerprint = placement_fingerprint(config_layout(config))
@@ -68,13 +78,14 @@ def reference_stream(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, st
             logical_world_size=config.world_size,
             placement_fingerprint=fingerprint,
         )
-        ids, iterator = [], iter(loader)
-        while len(ids) < steps:
+        taken, iterator = [], iter(loader)
+        while len(taken) < steps:
             try:
-                ids.append(list(next(iterator)["source_ids"]))
+                taken.append(take(loader, next(iterator)))
             except StopIteration:  # end of a virtual epoch: the stream continues
                 iterator = iter(loader)
-        per_rank.append(ids)
+        loader.close()
+        per_rank.append(taken)
     return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]
 
 

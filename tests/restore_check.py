@@ -116,10 +116,12 @@ def assert_restores_at_every_step(
     steps: int,
     extract: Extract,
     close: Callable[[Any], None] | None = None,
+    save: Callable[[Any], Any] = lambda loader: loader.state_dict(),
 ) -> RestoreReport:
     """Restore after every k in ``0 .. steps - 1`` and compare the rest (see module doc).
 
-    ``close(loader)`` runs when a loader is no longer needed (e.g. to stop its workers).
+    ``close(loader)`` runs when a loader is no longer needed (e.g. to stop its workers);
+    ``save(loader)`` takes the state (default: ``state_dict()``).
     """
 
     def done(loader: Any) -> None:
@@ -134,7 +136,7 @@ def assert_restores_at_every_step(
     saved: dict[int, Any] = {}
     loader = make_loader()
     with_saves = stream(
-        loader, extract, steps, on_step=lambda k: saved.__setitem__(k, loader.state_dict())
+        loader, extract, steps, on_step=lambda k: saved.__setitem__(k, save(loader))
     )
     done(loader)
     assert_same_steps(reference, with_saves, context="run with a state_dict() after every batch")

@@ -86,6 +86,9 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     states = micro["rank_states"]["packed/2"]
     assert (states["workers"], states["batches"]) == (2, 4) and states["state_bytes"] > 0
     assert states["full_ms"] > 0 and states["reusing_ms"] > 0
+    deferred = micro["deferred_states"]["packed"]
+    assert deferred["batches"] == 4 and 0 < deferred["deferred_bytes"] < deferred["complete_bytes"]
+    assert deferred["complete_ms"] > 0 and deferred["deferred_ms"] > 0
     assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
     judged = {t["target"]: t for t in results["targets"]}
     assert set(judged) >= {

@@ -13,11 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_fixtures import TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from distributed_fixtures import (
+    TIMEOUT_S,
+    consume,
+    reference_states,
+    reference_stream,
+    running_coordinator,
+    runtime_config,
+    train_spec,
+    wait_for,
+)
 from energon_fixtures import write_chat_dataset
 from rl_data.distributed.checkpoint_files import CheckpointFileError, checkpoint_path
 from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
 from rl_data.distributed.config import ParallelLayout
+from rl_data.distributed.rank_actor import COMPLETION_KEY
 
 
 @pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), pytest.param(4, 4, 0, marks=pytest.mark.slow), (1, 2, 2)])
@@ -43,6 +53,48 @@ def test_restore_continues_exactly_after_the_committed_step(ray_session, energon
         assert [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)] == expected[committed]
         ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
         assert consume(ray, coordinator, resumed - 1) == expected[committed + 1 :]
+
+
+@pytest.mark.timeout(300)
+def test_a_packed_checkpoint_holds_complete_states_and_a_lost_rank_leaves_its_state_exact(ray_session, energon_dataset, tokenizer, tmp_path):
+    ray = ray_session
+    packing = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
+    spec = train_spec(energon_dataset, data_config={"energon": packing, "shuffle": True}, packing_algorithm="first_fit_decreasing")
+    config = runtime_config(2, 1)
+    expected = reference_stream(spec, config, tokenizer, 6)
+    full = reference_states(spec, config, tokenizer, 4)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert consume(ray, coordinator, 3) == expected[:3]
+        # the ranks handed out deferred states; the checkpoint has each completed by its rank
+        ranks = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["ranks"]
+        for rank, state in enumerate(ranks):
+            assert COMPLETION_KEY not in state and state["loader_state"].equal(full[2][rank]["loader_state"]), rank
+        assert consume(ray, coordinator, 1) == expected[3:4]
+        # rank 0's actor is lost before the next checkpoint: its state is kept as handed out
+        name = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["rank_actor_names"][0]
+        lost = ray.get_actor(name, namespace="rl_data_tests")
+        ray.kill(lost, no_restart=True)
+        wait_for(lambda: _is_dead(ray, lost), "the killed rank actor")
+        ranks = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["ranks"]
+        assert COMPLETION_KEY not in ranks[0] and ranks[0]["loader_state"].numel() < full[3][0]["loader_state"].numel()
+        assert ranks[1]["loader_state"].equal(full[3][1]["loader_state"])
+        path = ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
+    saved = torch.load(path, weights_only=True)["content"]
+    assert not any(COMPLETION_KEY in state for state in saved["ranks"])
+    # a completion key in a loaded state (crafted: a checkpoint never holds one) is dropped
+    saved["ranks"][1] = {**saved["ranks"][1], COMPLETION_KEY: ["not", "a", "key"]}
+    with running_coordinator(ray, config, spec) as coordinator:
+        ray.get(coordinator.load_state_dict.remote(saved), timeout=TIMEOUT_S)
+        assert not any(COMPLETION_KEY in state for state in ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["ranks"])
+        assert consume(ray, coordinator, 2) == expected[4:]
+
+
+def _is_dead(ray, actor) -> bool:
+    try:
+        ray.get(actor.status.remote(), timeout=5)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def test_commit_rules_and_checkpoint_content(ray_session, energon_dataset, tmp_path):

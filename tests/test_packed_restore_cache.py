@@ -13,6 +13,7 @@ import enum
 import functools
 import json
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -154,15 +155,98 @@ def _without_caches(state) -> dict:
     return {**state, "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone()}
 
 
+def _deferred_state(loader: EnergonSFTDataLoader) -> dict:
+    return loader.state_dict_deferring()[0]
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
-def test_packed_loader_restores_exactly_at_every_step(dataset, tokenizer, num_workers):
+@pytest.mark.parametrize(
+    ("num_workers", "save"),
+    [(0, EnergonSFTDataLoader.state_dict), (0, _deferred_state), (2, EnergonSFTDataLoader.state_dict)],
+    ids=["0_workers", "0_workers-deferred", "2_workers"],
+)
+def test_packed_loader_restores_exactly_at_every_step(dataset, tokenizer, num_workers, save):
     assert_restores_at_every_step(
         lambda: _build(dataset, tokenizer, num_workers),
         steps=7 if num_workers else 13,
         extract=_packed_view,
         close=EnergonSFTDataLoader.close,
+        save=save,
     )
+
+
+def _states_after_every_batch(dataset, tokenizer, steps: int) -> dict[int, dict]:
+    """``{k: state_dict() after k batches}`` of a fresh 0-worker loader."""
+    loader = _build(dataset, tokenizer, 0)
+    states = {}
+    stream(loader, _packed_view, steps, on_step=lambda k: states.__setitem__(k, loader.state_dict()))
+    loader.close()
+    return states
+
+
+@pytest.mark.timeout(120)
+def test_a_deferred_state_leaves_the_buffers_out_and_completes_later_to_the_state_of_its_moment(
+    dataset, tokenizer, encode_log
+):
+    loader = _build(dataset, tokenizer, 0)
+    reference = stream(loader, _packed_view, 7)
+    loader.close()
+    full = _states_after_every_batch(dataset, tokenizer, 6)
+    loader = _build(dataset, tokenizer, 0)
+    deferred = {}
+    stream(loader, _packed_view, 6, on_step=lambda k: deferred.__setitem__(k, loader.state_dict_deferring()))
+    # completed after the loader moved on (and in another order): the state of its own moment
+    for k in (5, 2, 3):
+        light, complete = deferred[k]
+        assert complete is not None and not _saved_caches(light) and _saved_caches(full[k])
+        completed = complete()
+        assert torch.equal(completed["loader_state"], full[k]["loader_state"]), k
+        assert {n: v for n, v in completed.items() if n != "loader_state"} == {
+            n: v for n, v in light.items() if n != "loader_state"
+        }
+    loader.close()
+
+    light, complete = deferred[3]
+    buffered = _buffered(light)
+    assert buffered, "the packing buffers are empty in the saved state: nothing to check"
+    for state, re_encodes in ((light, True), (complete(), False)):
+        encode_log.unlink(missing_ok=True)
+        restored = _build(dataset, tokenizer, 0)
+        restored.load_state_dict(torch_roundtrip(state))
+        rest = stream(restored, _packed_view, 4)
+        restored.close()
+        assert (buffered <= set(_encoded_keys(encode_log))) is re_encodes
+        assert [s.ids for s in rest] == [s.ids for s in reference[3:]]
+        for want, got in zip(reference[3:], rest):
+            assert all(torch.equal(want.tensors[n], got.tensors[n]) for n in want.tensors)
+
+
+@pytest.mark.timeout(120)
+def test_deferred_states_complete_in_another_thread_while_the_loader_iterates(dataset, tokenizer):
+    # what a rank actor does: completions run beside the loader's thread
+    full = _states_after_every_batch(dataset, tokenizer, 10)
+    loader = _build(dataset, tokenizer, 0)
+    completed = {}
+
+    def defer(k):
+        light, complete = loader.state_dict_deferring()
+        completed[k] = completer.submit(complete or (lambda: light))  # before the first batch: nothing deferred
+
+    with ThreadPoolExecutor(max_workers=1) as completer:
+        stream(loader, _packed_view, 10, on_step=defer)
+        for k, future in completed.items():
+            assert torch.equal(future.result(timeout=60)["loader_state"], full[k]["loader_state"]), k
+    loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_with_workers_a_deferred_state_is_complete(dataset, tokenizer):
+    # each worker's checkpoint crosses to the loader pickled, which resolves it in the worker
+    loader = _build(dataset, tokenizer, 2)
+    stream(loader, _packed_view, 3)
+    state, complete = loader.state_dict_deferring()
+    loader.close()
+    assert complete is None and len(_saved_caches(state)) == 2
 
 
 @pytest.mark.timeout(120)
@@ -309,7 +393,7 @@ def _saved_buffers(dataset, tokenizer) -> tuple[PackingRestoreCache, dict]:
     loader = _build(dataset, tokenizer, 0)
     stream(loader, _packed_view, 2)
     cache = _cache_of(loader)
-    payload = cache._state()
+    payload = cache._resolve(cache._capture())
     loader.close()
     return cache, payload
 

@@ -8,7 +8,12 @@ import pytest
 
 from distributed_fixtures import TIMEOUT_S, train_spec, wait_for
 from rl_data.distributed.config import LoaderSpec
-from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
+from rl_data.distributed.rank_actor import (
+    COMPLETABLE_HANDED_OUT_STATES,
+    COMPLETION_KEY,
+    DataExhaustedError,
+    RankActor,
+)
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
 FINGERPRINT = "f" * 64
@@ -19,7 +24,15 @@ def spawn(ray_session):
     """Create rank actors (rank r of 2) that are killed after the test."""
     actors = []
 
-    def make(spec: LoaderSpec, *, rank: int = 0, world_size: int = 2, prefetch_depth: int = 0, injected_delay_s: float = 0.0):
+    def make(
+        spec: LoaderSpec,
+        *,
+        rank: int = 0,
+        world_size: int = 2,
+        prefetch_depth: int = 0,
+        injected_delay_s: float = 0.0,
+        deferred_states: bool = False,
+    ):
         actor = ray_session.remote(RankActor).options(num_cpus=0.25).remote(
             rank=rank,
             world_size=world_size,
@@ -27,6 +40,7 @@ def spawn(ray_session):
             loader_spec=spec,
             prefetch_depth=prefetch_depth,
             injected_delay_s=injected_delay_s,
+            deferred_states=deferred_states,
         )
         actors.append(actor)
         return actor
@@ -77,6 +91,46 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
         restored = _direct_loader(spec, tokenizer, rank=1)
         restored.load_state_dict(states[i])
         assert list(next(iter(restored))["source_ids"]) == batches[i + 1]
+
+
+@pytest.mark.timeout(180)
+def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_rank_holds_them(
+    ray_session, spawn, energon_dataset, tokenizer
+):
+    ray = ray_session
+    packing = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
+    spec = train_spec(
+        energon_dataset, data_config={"energon": packing, "shuffle": True}, packing_algorithm="first_fit_decreasing"
+    )
+    actor = spawn(spec, rank=1, prefetch_depth=2, deferred_states=True)
+    states = [ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S) for _ in range(COMPLETABLE_HANDED_OUT_STATES + 4)]
+    assert all(isinstance(state.get(COMPLETION_KEY), str) for state in states)
+
+    direct, full = _direct_loader(spec, tokenizer, rank=1), []
+    iterator = iter(direct)
+    while len(full) < len(states):
+        try:
+            next(iterator)
+        except StopIteration:
+            iterator = iter(direct)
+            continue
+        full.append(direct.state_dict())
+    direct.close()
+    # the last states handed out: completed to the direct loader's state after the same batch
+    for i in (len(states) - 1, len(states) - COMPLETABLE_HANDED_OUT_STATES):
+        assert states[i]["loader_state"].numel() < full[i]["loader_state"].numel()  # it left the buffers out
+        completed = ray.get(actor.complete_state.remote(states[i]), timeout=TIMEOUT_S)
+        assert COMPLETION_KEY not in completed and completed["loader_state"].equal(full[i]["loader_state"]), i
+    # older ones, and states of another actor, come back as they are, without the key (as exact)
+    for state in (states[0], {**states[-1], COMPLETION_KEY: "another actor:1"}):
+        kept = ray.get(actor.complete_state.remote(state), timeout=TIMEOUT_S)
+        assert COMPLETION_KEY not in kept and kept["loader_state"].equal(state["loader_state"])
+    # a deferred state restores a fresh loader exactly (it encodes the packing buffers again)
+    restored, expected = _direct_loader(spec, tokenizer, rank=1), _direct_loader(spec, tokenizer, rank=1)
+    restored.load_state_dict(states[3])
+    expected.load_state_dict(full[3])
+    assert list(next(iter(restored))["source_ids"]) == list(next(iter(expected))["source_ids"])
+    restored.close(), expected.close()
 
 
 def test_depth_zero_produces_only_on_request_and_restores_only_before_start(ray_session, spawn, energon_dataset):

@@ -3,6 +3,7 @@ a crafted payload or an old pickled state is refused and never runs."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import pickle
@@ -20,6 +21,7 @@ from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.state_codec import (
     CODEC,
     TAGS,
+    DeferredValue,
     EncodedValueCache,
     StateCodecError,
     decode_rank_state,
@@ -48,6 +50,8 @@ def _loader(dataset, tokenizer, *, workers=0, packing=False, role="train"):
 
 
 def _assert_identical(found, expected, where="state"):
+    if isinstance(expected, DeferredValue):
+        expected = expected.resolve()  # saved as what it resolves to
     assert type(found) is type(expected), f"{where}: {type(found)} != {type(expected)}"
     if isinstance(expected, torch.Tensor):
         assert found.dtype == expected.dtype and torch.equal(found, expected), where
@@ -166,6 +170,39 @@ def test_a_state_string_equal_to_the_cache_marker_falls_back_to_a_full_encode():
     cache.add(holder)
     cache.add(other)
     assert encode_rank_state(state, cache) == encode_rank_state(state)
+
+
+class _Costly(DeferredValue):
+    """Counts how often it is resolved."""
+
+    __slots__ = ("value", "resolved")
+
+    def __init__(self, value):
+        self.value, self.resolved = value, 0
+
+    def resolve(self):
+        self.resolved += 1
+        return self.value
+
+
+def test_a_deferred_value_is_saved_resolved_or_left_out_as_none():
+    costly = _Costly({"samples": [b"\x01", torch.arange(3)]})
+    state = _workers_state(FlexState(cache=costly, keys=[("shard", 1)]))
+    complete = _workers_state(FlexState(cache=costly.value, keys=[("shard", 1)]))
+    assert encode_rank_state(state) == encode_rank_state(complete) and costly.resolved == 1
+    left_out = []
+    light = encode_rank_state(state, left_out=left_out)
+    assert left_out == [costly] and costly.resolved == 1  # not resolved
+    assert light == encode_rank_state(_workers_state(FlexState(cache=None, keys=[("shard", 1)])))
+    # a cached worker state is always complete: a light state may splice it, a full one never gets a light one
+    cache = EncodedValueCache()
+    cache.add(state.worker_states[0].state)
+    assert encode_rank_state(state, cache, left_out=[]) == encode_rank_state(complete)
+    assert encode_rank_state(state, cache) == encode_rank_state(complete)
+    # what an Energon worker sends is pickled: complete, and a snapshot a deep copy keeps as it is
+    unpickled = pickle.loads(pickle.dumps(costly))
+    assert type(unpickled) is dict and encode_rank_state(unpickled) == encode_rank_state(costly.value)
+    assert copy.deepcopy(state).worker_states[0].state["cache"] is costly
 
 
 def test_a_cached_worker_state_outside_the_allow_list_is_refused_naming_where():

@@ -15,7 +15,10 @@ Exactly once, step by step:
 
 * ``commit(k)`` stores, per rank, the loader state that followed step k's batch;
   ``state_dict()`` is that checkpoint. A step is *pending* from the moment it is handed out
-  until it is committed, and its refs are kept while it is pending.
+  until it is committed, and its refs are kept while it is pending. The ranks hand out
+  deferred states (``RankActor``: packed, without the packing buffers' encoded samples);
+  ``state_dict()`` asks each rank to complete its committed one, and keeps it as it is (as
+  exact, a restore re-encodes those samples) from a rank that cannot.
 * ``next_step(expected_step=k)`` returns exactly step k: re-delivered (same batches) if it is
   pending, produced if it is the next one; a committed step or one past the next is refused.
   A consumer that passes the step it expects (``CoordinatorClient`` does) never skips a step:
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import threading
 import time
@@ -74,7 +78,9 @@ from rl_data.distributed.placement import (
     remove_leftover_placement_group,
     upgrade_layout_v1,
 )
-from rl_data.distributed.rank_actor import RankActor
+from rl_data.distributed.rank_actor import COMPLETION_KEY, RankActor, without_completion_key
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rl_data.distributed.coordinator"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -253,14 +259,40 @@ class DataCoordinator:
         """The checkpoint for the last committed step (loads with ``torch.load(weights_only=True)``)."""
         await self._ensure_ready()
         self._refuse_if_restore_failed("state_dict")
+        step, states = await self._completed_states()
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_FORMAT_VERSION,
-            "step": self._committed_step,
+            "step": step,
             "placement": {"fingerprint": self._placement.fingerprint, "layout": self._placement.layout},
             "consumer_layout": consumer_layout(self._config),
-            "ranks": list(self._committed_states),
+            "ranks": states,
         }
+
+    async def _completed_states(self) -> tuple[int, list[dict[str, Any]]]:
+        """The committed step and its states, each completed by its rank once (kept for later
+        checkpoints); a rank that cannot (replaced since, or not answering within the control
+        timeout) leaves its state as it is: as exact, a restore from it encodes more."""
+        step, states = self._committed_step, list(self._committed_states)
+        deferred = [rank for rank, state in enumerate(states) if COMPLETION_KEY in state]
+        results = await asyncio.gather(
+            *(
+                self._await(
+                    self._ranks[rank].complete_state.remote(states[rank]),
+                    self._config.control_timeout_s, rank, "completing its state for a checkpoint",
+                )
+                for rank in deferred
+            ),
+            return_exceptions=True,
+        )
+        for rank, result in zip(deferred, results):
+            if isinstance(result, BaseException):
+                logger.warning("rank %d did not complete its committed state (%s); the checkpoint keeps it as handed out", rank, result)
+                result = without_completion_key(states[rank])
+            if self._committed_states[rank] is states[rank]:  # not committed past it meanwhile
+                self._committed_states[rank] = result
+            states[rank] = result
+        return step, states
 
     async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
         """Restore every rank from a checkpoint, all or nothing; only before the first step.
@@ -297,7 +329,7 @@ class DataCoordinator:
             self._committed_states = list(await asyncio.gather(
                 *(self._await(a.state_dict.remote(), self._config.control_timeout_s, r, "describing its restored state")
                   for r, a in enumerate(self._ranks))
-            )) if reweight else list(state["ranks"])
+            )) if reweight else [without_completion_key(saved) for saved in state["ranks"]]
             self._committed_step = self._handed_step = int(state["step"])
             self._pending.clear()
             self._dp_refs.clear()
@@ -418,6 +450,7 @@ class DataCoordinator:
                 prefetch_depth=self._config.prefetch_depth,
                 injected_delay_s=self._config.injected_delay_s.get(rank, 0.0),
                 coordinator_name=self._config.name,
+                deferred_states=True,
             )
         )
 

@@ -7,6 +7,11 @@ the loader state that follows it, and ``next_batch`` returns both as two separat
 survives this actor's death, and the caller can commit exactly the state after the batches a
 trainer consumed. Prefetched batches not yet handed out die with the actor; a replacement
 restored from the last committed state produces them again, identically.
+
+With ``deferred_states`` (the coordinator's ranks), those states leave out what only makes a
+restore faster (packed: the packing buffers' encoded samples, most of a packed state's cost and
+~0.5 MB of it): they are as exact, and :meth:`RankActor.complete_state` adds it for the state a
+checkpoint saves, while this actor still holds that state (:data:`COMPLETABLE_HANDED_OUT_STATES`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -33,6 +39,16 @@ logger = logging.getLogger(__name__)
 #: (over the sequence length, cut to stubs), after at least ``ZERO_LOSS_WARNING_MIN_SAMPLES``.
 ZERO_LOSS_WARNING_SHARE = 0.05
 ZERO_LOSS_WARNING_MIN_SAMPLES = 64
+#: A rank with ``deferred_states`` can complete the states it prefetched and the last this many it
+#: handed out (a coordinator commits a step or two behind the one it hands out).
+COMPLETABLE_HANDED_OUT_STATES = 8
+#: Key of a deferred state naming the rank actor that can complete it (and which of its states).
+COMPLETION_KEY = "completable_by"
+
+
+def without_completion_key(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as a checkpoint keeps it when it was not completed (as exact; restores slower)."""
+    return {key: value for key, value in state.items() if key != COMPLETION_KEY}
 
 
 class DataExhaustedError(RuntimeError):
@@ -40,12 +56,18 @@ class DataExhaustedError(RuntimeError):
 
 
 class _Produced:
-    __slots__ = ("batch", "state", "stats", "skipped_samples", "filtered_samples")
+    __slots__ = ("batch", "state", "complete", "stats", "skipped_samples", "filtered_samples")
 
     def __init__(
-        self, batch: Any, state: dict[str, Any], stats: BatchStats, skipped_samples: int, filtered_samples: int
+        self,
+        batch: Any,
+        state: dict[str, Any],
+        complete: Callable[[], dict[str, Any]] | None,
+        stats: BatchStats,
+        skipped_samples: int,
+        filtered_samples: int,
     ) -> None:
-        self.batch, self.state = batch, state
+        self.batch, self.state, self.complete = batch, state, complete
         self.stats, self.skipped_samples, self.filtered_samples = stats, skipped_samples, filtered_samples
 
 
@@ -65,6 +87,7 @@ class RankActor:
         prefetch_depth: int,
         injected_delay_s: float = 0.0,
         coordinator_name: str = "",
+        deferred_states: bool = False,
     ) -> None:
         from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
@@ -72,6 +95,10 @@ class RankActor:
         self._split_role = loader_spec.split_role
         self._depth = prefetch_depth
         self._delay = injected_delay_s
+        self._deferred_states = deferred_states
+        self._instance = os.urandom(6).hex()  # completion keys never match another actor's states
+        #: completion key -> how to complete that state (prefetched and recently handed-out ones)
+        self._completions: collections.OrderedDict[str, Callable[[], dict[str, Any]]] = collections.OrderedDict()
         self._metrics = RankMetrics(coordinator_name, rank)
         self._task = get_task(loader_spec.data_config.energon.task_encoder)
         processor = loader_spec.load_processor_factory()()
@@ -116,16 +143,27 @@ class RankActor:
                 "fresh rank actor, before its first next_batch/start call"
             )
         self._loader.load_state_dict(state, reweight=reweight)
-        self._handed_state = self._loader.state_dict() if reweight else state
+        self._handed_state = self._loader.state_dict() if reweight else without_completion_key(state)
 
     async def state_dict(self) -> dict[str, Any]:
-        """The loader state after the last batch handed out (before the first: the initial one).
+        """The loader state after the last batch handed out (before the first: the initial one),
+        as handed out (with ``deferred_states``: deferred, see :meth:`complete_state`).
 
         Answers while a batch is being produced: it never touches the loader once started.
         """
         if self._handed_state is None:
             self._handed_state = self._loader.state_dict()
         return self._handed_state
+
+    async def complete_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state``, one this actor handed out, with what a deferred state left out; when this
+        actor no longer holds it (or never did), ``state`` without its completion key."""
+        key = state.get(COMPLETION_KEY)
+        complete = self._completions.get(key) if isinstance(key, str) else None
+        if complete is None:
+            return without_completion_key(state)
+        # beside the loader's thread: a checkpoint does not wait for the batch being produced
+        return await asyncio.to_thread(complete)
 
     async def start(self) -> None:
         """Start producing (and prefetching up to ``prefetch_depth``) in the background."""
@@ -219,6 +257,10 @@ class RankActor:
                     self._changed.notify_all()
                 return
             async with self._changed:
+                if produced.complete is not None:
+                    self._completions[produced.state[COMPLETION_KEY]] = produced.complete
+                    while len(self._completions) > len(self._ready) + 1 + COMPLETABLE_HANDED_OUT_STATES:
+                        self._completions.popitem(last=False)
                 self._ready.append(produced)
                 self._produced += 1
                 self._changed.notify_all()
@@ -230,9 +272,17 @@ class RankActor:
         if self._delay:
             time.sleep(self._delay)
         batch = self._next_from_loader()
+        complete = None
+        if self._deferred_states:
+            state, complete = self._loader.state_dict_deferring()
+            if complete is not None:
+                state[COMPLETION_KEY] = f"{self._instance}:{self._produced}"
+        else:
+            state = self._loader.state_dict()
         return _Produced(
             batch,
-            self._loader.state_dict(),
+            state,
+            complete,
             self._task.batch_stats(batch),
             self._loader.skipped_samples,
             self._loader.filtered_samples,

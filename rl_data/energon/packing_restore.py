@@ -6,7 +6,9 @@ re-runs cook and ``encode_sample`` (chat template and tokenisation) on it, ~128 
 buffer of 128 before the first batch. :class:`PackingRestoreCache` sits between the encode stage
 and the packing dataset and is transparent to Energon (same samples, restore keys, state layout
 and config). When the state is saved it adds, to the state of the encode stage below it, the
-encoded samples the packing buffers hold; on restore the buffers get them back by restore key.
+encoded samples the packing buffers hold (:class:`HeldSamples`, compacted when the state is
+encoded or pickled, never for a state that leaves them out: see
+``EnergonSFTDataLoader.state_dict_deferring``); on restore the buffers get them back by restore key.
 Samples it did not save (a state saved by an older rl_data, a sample that does not rebuild
 exactly) are re-encoded as before. Each Energon worker has its own copy of the pipeline, so each
 saves and restores its own buffers.
@@ -40,6 +42,8 @@ from megatron.energon.source_info import SourceInfo
 from megatron.energon.wrappers.base import BaseWrapperDataset
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 
+from rl_data.energon.state_codec import DeferredValue
+
 #: Key of the saved samples in the encode stage's state (Energon ignores unknown keys).
 STATE_KEY = "rl_data_packing_restore"
 _VERSION = 2
@@ -48,6 +52,7 @@ _READABLE_VERSIONS = (1, 2)
 _INT32 = torch.iinfo(torch.int32)
 _DTYPE = operator.attrgetter("dtype")
 _CODEC = "zstd"  # 60 us per sample, 0.42 of raw (zlib level 1: 149 us, 0.41; lz4: 24 us, 0.56); ~80 new per packed state
+_UNSEEN = object()  # a sample not compacted yet
 #: Fields rebuilt apart from the plain ones.
 _SPECIAL_FIELDS = ("__restore_key__", "__sources__", "message_log")
 
@@ -121,14 +126,16 @@ class PackingRestoreCache(BaseWrapperDataset):
         return f"PackingRestoreCache(dataset={self.dataset})"
 
     def save_state(self) -> Any:
-        """The encode stage's state, plus the encoded samples of the packing buffers."""
+        """The encode stage's state, plus the encoded samples of the packing buffers (made when
+        the state is encoded or pickled: :class:`HeldSamples`)."""
         state = self.dataset.save_state()
-        state[STATE_KEY] = self._state()
+        state[STATE_KEY] = HeldSamples(self, self._capture())
         return state
 
     def restore_state(self, state: Any) -> None:
         self.dataset.restore_state(state)
-        self._saved = self._from_state(state.get(STATE_KEY))
+        saved = state.get(STATE_KEY)
+        self._saved = self._from_state(saved.resolve() if isinstance(saved, HeldSamples) else saved)
 
     def restore_sample(self, restore_key: Any) -> Any:
         saved = self._saved.get(restore_key)
@@ -146,21 +153,34 @@ class PackingRestoreCache(BaseWrapperDataset):
             else:
                 yield from ((key, None) for key in keys)
 
-    def _state(self) -> dict[str, Any]:
-        saved: dict[Any, _Saved | None] = {}
+    def _capture(self) -> list[tuple[Any, Any]]:
+        """``(restore key, item)`` of every sample the buffers hold, the item its saved form (None:
+        it does not rebuild exactly) or, not compacted yet, the sample itself (never changed once
+        encoded); forgets the saved forms of samples the buffers no longer hold."""
+        saved, kept, held = self._saved, {}, []
         for key, sample in self._held():
-            if key in self._saved:
-                saved[key] = self._saved[key]
+            if key in saved:
+                kept[key] = saved[key]
+                held.append((key, saved[key]))
             elif sample is not None:
-                saved[key] = self._compact(sample)
-        self._saved = saved  # only what the buffers still hold
-        kept = [(key, value) for key, value in saved.items() if value is not None]
-        return {
-            "version": _VERSION,
-            "fingerprint": self._fingerprint,
-            "restore_keys": [key for key, _ in kept],
-            "samples": [value.to_state() for _, value in kept],
-        }
+                held.append((key, sample))
+        self._saved = kept
+        return held
+
+    def _resolve(self, held: list[tuple[Any, Any]]) -> dict[str, Any]:
+        """The saved form of a :meth:`_capture`; a sample is compacted once while it is held. May
+        run beside the loader's thread: it only reads and adds to ``_saved`` (an addition lost to
+        :meth:`_capture` replacing it costs one more compaction later, never a wrong sample)."""
+        keys, samples = [], []
+        for key, item in held:
+            if item is not None and type(item) is not _Saved:
+                sample, item = item, self._saved.get(key, _UNSEEN)
+                if item is _UNSEEN:
+                    item = self._saved[key] = self._compact(sample)
+            if item is not None:
+                keys.append(key)
+                samples.append(item.to_state())
+        return {"version": _VERSION, "fingerprint": self._fingerprint, "restore_keys": keys, "samples": samples}
 
     def _from_state(self, value: Any) -> dict[Any, _Saved | None]:
         if value is None:
@@ -236,6 +256,20 @@ class PackingRestoreCache(BaseWrapperDataset):
         if path is None:
             path = self._paths[url] = EPath(url)
         return path
+
+
+class HeldSamples(DeferredValue):
+    """The samples a packing cache's buffers held when a state was saved; resolves to their saved
+    form (~190 us of compaction per sample not saved before), so a state that leaves it out (a
+    rank's state after every batch) does not pay for it."""
+
+    __slots__ = ("_cache", "_held")
+
+    def __init__(self, cache: PackingRestoreCache, held: list[tuple[Any, Any]]) -> None:
+        self._cache, self._held = cache, held
+
+    def resolve(self) -> dict[str, Any]:
+        return self._cache._resolve(self._held)
 
 
 def _damaged(found: str) -> ValueError:

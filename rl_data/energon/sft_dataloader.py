@@ -14,7 +14,7 @@ into one :class:`SampleFailureBudgetExceeded`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
 import torch
@@ -53,7 +53,7 @@ from rl_data.energon.identity import (
     _v2_topology,
     restore_differences,
 )
-from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
+from rl_data.energon.state_codec import EncodedValueCache, decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.fingerprint import brief, differences, fingerprint
 from rl_data.packing import packing_algorithm as parse_packing_algorithm
@@ -284,25 +284,49 @@ class EnergonSFTDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The format-2 envelope; loads with ``torch.load(weights_only=True)``."""
+        rank_state, position, encoded = self._rank_state()
+        return self._envelope(encode_rank_state(rank_state, encoded), position, self._mixture_json())
+
+    def state_dict_deferring(self) -> tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]:
+        """:meth:`state_dict` without what only makes a restore faster, and how to add it later.
+
+        Packed, a state holds the packing buffers' encoded samples (~0.5 MB; their compaction and
+        encoding are most of a packed ``state_dict``'s ~25 ms). The state returned here leaves them
+        out: it is as exact, only a restore from it encodes those samples again. The callable
+        (None when nothing was left out) returns the complete state of the same moment, equal to
+        what :meth:`state_dict` returned now. It may run in another thread while this loader
+        iterates: it reads only that moment's snapshot and samples that are never changed.
+        """
+        rank_state, position, encoded = self._rank_state()
+        left_out: list[Any] = []
+        mixture = self._mixture_json()
+        light = self._envelope(encode_rank_state(rank_state, encoded, left_out=left_out), position, mixture)
+        if not left_out:
+            return light, None
+        position, mixture = copy.deepcopy(position), copy.deepcopy(mixture)
+        return light, lambda: self._envelope(encode_rank_state(rank_state), position, mixture)
+
+    def _rank_state(self) -> tuple[Any, dict[str, Any] | None, EncodedValueCache | None]:
+        """The Energon rank state now, the stream position and the worker-state JSON cache."""
         self._require_open()
-        position = encoded = None
         if self._stream is not None:
-            rank_state = self._stream.energon_state()
-            position = self._stream.position.to_json()
-            encoded = self._stream.encoded_worker_states
-        elif self._energon_iterating and self._batches == 0:
-            rank_state = self._resting_state
-        else:
-            rank_state = self._loader.save_state_rank()
-        payload = bytearray(encode_rank_state(rank_state, encoded))
+            return self._stream.energon_state(), self._stream.position.to_json(), self._stream.encoded_worker_states
+        if self._energon_iterating and self._batches == 0:
+            return self._resting_state, None, None
+        return self._loader.save_state_rank(), None, None
+
+    def _mixture_json(self) -> dict[str, Any] | None:
+        return self._mixture.to_json() if self._mixture is not None else None
+
+    def _envelope(self, payload: bytes, position: dict[str, Any] | None, mixture: dict[str, Any] | None) -> dict[str, Any]:
         return {
             "backend": _BACKEND,
             "format_version": _V2_STATE_FORMAT_VERSION,
             "fingerprint": self._fingerprint,
             "identity": copy.deepcopy(self._identity),
-            "loader_state": torch.frombuffer(payload, dtype=torch.uint8).clone(),
+            "loader_state": torch.frombuffer(bytearray(payload), dtype=torch.uint8).clone(),
             "position": position,
-            **({"mixture": self._mixture.to_json()} if self._mixture is not None else {}),
+            **({"mixture": mixture} if mixture is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> None:

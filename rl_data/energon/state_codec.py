@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from contextvars import ContextVar
 from typing import Any
 
 import numpy
@@ -77,6 +78,32 @@ class StateCodecError(ValueError):
     """A rank state holds a type outside the allow-list, or a payload is not a valid encoding."""
 
 
+class DeferredValue:
+    """A state value that only makes a restore faster and is costly to make: a state saves
+    :meth:`resolve`'s value, or ``None`` when :func:`encode_rank_state` is asked to leave it out.
+    Pickling saves the resolved value (what an Energon worker sends is always complete)."""
+
+    __slots__ = ()
+
+    def resolve(self) -> Any:
+        """The value to save (allow-listed types only)."""
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _resolved, (self.resolve(),)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DeferredValue:
+        return self  # a snapshot that never changes
+
+
+def _resolved(value: Any) -> Any:
+    return value
+
+
+#: While :func:`encode_rank_state` leaves deferred values out: the list it collects them in.
+_LEFT_OUT: ContextVar[list[DeferredValue] | None] = ContextVar("rl_data_state_left_out", default=None)
+
+
 class EncodedValueCache:
     """JSON of state values that their owner never changes, encoded once each.
 
@@ -110,21 +137,33 @@ class EncodedValueCache:
         if entry is None:
             return None
         if entry[1] is None:
-            entry = (value, _dumps(_encode(value, where)))
+            reset = _LEFT_OUT.set(None)  # cached JSON is always complete
+            try:
+                entry = (value, _dumps(_encode(value, where)))
+            finally:
+                _LEFT_OUT.reset(reset)
             self._values[id(value)] = entry
         return entry[1]
 
 
-def encode_rank_state(state: Any, cache: EncodedValueCache | None = None) -> bytes:
+def encode_rank_state(
+    state: Any, cache: EncodedValueCache | None = None, *, left_out: list[DeferredValue] | None = None
+) -> bytes:
     """``state`` (what ``save_state_rank()`` returned, None included) as UTF-8 JSON bytes.
 
     ``cache``: worker checkpoint states it holds are not encoded again (same bytes).
+    ``left_out``: save ``None`` for every :class:`DeferredValue` instead of resolving it, and
+    append it to this list.
     """
-    if cache and type(state) is SavableDataLoaderState:
-        spliced = _encode_with_cached_worker_states(state, cache)
-        if spliced is not None:
-            return spliced.encode("utf-8")
-    return _dumps({"codec": CODEC, "state": _encode(state, "state")}).encode("utf-8")
+    reset = _LEFT_OUT.set(left_out)
+    try:
+        if cache and type(state) is SavableDataLoaderState:
+            spliced = _encode_with_cached_worker_states(state, cache)
+            if spliced is not None:
+                return spliced.encode("utf-8")
+        return _dumps({"codec": CODEC, "state": _encode(state, "state")}).encode("utf-8")
+    finally:
+        _LEFT_OUT.reset(reset)
 
 
 def _dumps(value: Any) -> str:
@@ -212,6 +251,12 @@ def _encode(value: Any, where: Any) -> Any:
     if _DATACLASSES.get(name) is kind:
         fields = {f: _encode(getattr(value, f), (where, (f,))) for f in _DATACLASS_FIELDS[name]}
         return {"$": name, "fields": fields}
+    if isinstance(value, DeferredValue):
+        left_out = _LEFT_OUT.get()
+        if left_out is None:
+            return _encode(value.resolve(), where)
+        left_out.append(value)
+        return None
     raise StateCodecError(
         f"cannot save the Energon rank state: {_path(where)} is a "
         f"{kind.__module__}.{kind.__qualname__}{_dtype_note(value)}, which is not in the "
