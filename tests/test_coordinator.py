@@ -78,6 +78,7 @@ def test_a_packed_checkpoint_holds_complete_states_and_a_lost_rank_leaves_its_st
         ranks = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["ranks"]
         assert COMPLETION_KEY not in ranks[0] and ranks[0]["loader_state"].numel() < full[3][0]["loader_state"].numel()
         assert ranks[1]["loader_state"].equal(full[3][1]["loader_state"])
+        assert ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["states_saved_deferred"] == 1
         path = ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
     saved = torch.load(path, weights_only=True)["content"]
     assert not any(COMPLETION_KEY in state for state in saved["ranks"])

@@ -159,6 +159,7 @@ class DataCoordinator:
         self._recoveries: dict[int, _Recovery] = {}  # rank -> its replacement, until caught up
         self._producing = False  # next_step produced (or tried to) since creation or the last restore
         self._restore_failure: Optional[str] = None
+        self._saved_deferred = 0  # rank states checkpoints took as handed out (not completed)
         self._dp = config.parallel_layout.dp
         self._merge_spec: Optional[dict[str, Any]] = None  # from rank 0, when DP ranks merge shards
         self._dp_refs: dict[int, tuple[tuple[Any, ...], list[Any]]] = {}  # step -> (shard refs, DP refs)
@@ -287,8 +288,12 @@ class DataCoordinator:
         )
         for rank, result in zip(deferred, results):
             if isinstance(result, BaseException):
-                logger.warning("rank %d did not complete its committed state (%s); the checkpoint keeps it as handed out", rank, result)
+                logger.warning(
+                    "rank %d did not complete its committed state (%s); the checkpoint keeps it as handed out "
+                    "(exact; its restore encodes the packing buffers' samples again)", rank, result,
+                )
                 result = without_completion_key(states[rank])
+                self._saved_deferred += 1
             if self._committed_states[rank] is states[rank]:  # not committed past it meanwhile
                 self._committed_states[rank] = result
             states[rank] = result
@@ -365,6 +370,9 @@ class DataCoordinator:
             "restarts": list(self._restarts),
             "recovering_ranks": sorted(self._recoveries),
             "restore_failure": self._restore_failure,
+            # rank states checkpoints hold without the packing buffers' samples (a rank could
+            # not complete them): exact, their restore encodes those samples again
+            "states_saved_deferred": self._saved_deferred,
             "rank_actor_names": [self._rank_actor_name(r) for r in range(len(self._ranks))],
             "ranks": ranks,
         }
