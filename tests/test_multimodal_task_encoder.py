@@ -35,6 +35,7 @@ from rl_data.energon.multimodal.task_encoders import (
     build_multimodal_processor,
 )
 from rl_data.energon.multimodal.task_encoders.media import check_media_decodable, decode_video, sample_frame_indices
+from rl_data.energon.multimodal.task_encoders.vlm_sft import expand_media
 from rl_data.energon.sample_format import encode_sample, media_references
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders import ProcessorAdapter
@@ -214,6 +215,50 @@ def test_image_video_and_audio_samples_end_to_end(dataset, processor):
             assert _count(ids, processor, "<|video_pad|>") == video_tokens
             assert _count(ids, processor, "<|audio_pad|>") == sum((f - 1) // 2 + 1 for f in audio_frames)
     assert torch.equal(batches[0]["loss_multiplier"], torch.ones(2))
+
+
+@pytest.mark.timeout(120)
+def test_large_images_from_energon_workers_arrive_whole_through_shared_memory(tmp_path, processor):
+    # 224 x 280 pixels: 320 patches of 1,176 float32 = 1.5 MB, over worker_items.INLINE_MAX_BYTES (not in the message)
+    samples, records = [], {}
+    for row in range(8):
+        parts = [{"type": "image", "image": f"{i}.jpg"} for i in range(1 + row % 2)]  # two in one turn: joined
+        record = sft_record([user_turn("What are these?", *parts), ANSWER], row)
+        media = {f"{i}.jpg": image_bytes(280, 224, row * 10 + i) for i in range(1 + row % 2)}
+        samples.append((f"big-{row}", encode_sample(record, media)))
+        records[f"big-{row}"] = (record, media)
+    write_raw_dataset(tmp_path, samples, samples_per_shard=2, splits={"train": 1})
+    # a training loader: its workers send their checkpoints with their items (rl_data.energon.worker_items)
+    loader = build(tmp_path, processor, split_role="train", energon={"num_workers": 2}, batch_format="message_log")
+    try:
+        batches = list(loader)  # a virtual epoch of 3 batches
+    finally:
+        loader.close()
+    keys = [k for b in batches for k in b["source_ids"]]
+    assert len(batches) == 3 and len(set(keys)) == len(keys) and set(keys) <= set(records)
+    for batch in batches:
+        rows = batch["pixel_values"].tensors
+        expected = [expected_media(*records[k], processor)["pixel_values"] for k in batch["source_ids"]]
+        _assert_rows_equal(batch["pixel_values"], expected, "pixel_values")
+        assert all(row.is_shared() for row in rows)
+        for row, log in zip(rows, batch["message_log"]):
+            assert log[0]["pixel_values"].tensors[0] is row  # the message's media is the batch row
+
+
+def test_one_image_keeps_the_processors_tensor_and_two_in_a_message_are_joined(processor, monkeypatch):
+    made = []
+
+    def process_image(image):  # the processor's output, kept to compare with what the message holds
+        made.append(torch.rand(16, 1176))
+        return {"pixel_values": made[-1], "image_grid_thw": torch.tensor([[1, 4, 4]])}
+
+    monkeypatch.setattr(processor, "process_image", process_image)
+    media = {"a.jpg": image_bytes(56, 56, 0), "b.jpg": image_bytes(56, 56, 1)}
+    parts = [{"type": "image", "image": name} for name in media]
+    _, (single,) = expand_media([user_turn("What?", parts[0])], media, processor)
+    assert single["pixel_values"].tensors[0] is made[0]  # not copied (4.8 MB for a 448 x 448 image)
+    _, (joined,) = expand_media([user_turn("What?", *parts)], media, processor)
+    assert torch.equal(joined["pixel_values"].tensors[0], torch.cat(made[1:]))  # both, in order, one tensor
 
 
 def test_media_tensors_sit_on_the_message_that_references_them(dataset, processor):

@@ -94,15 +94,16 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("prefetch_depth", [0, 2])
 def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_rank_holds_them(
-    ray_session, spawn, energon_dataset, tokenizer
+    ray_session, spawn, energon_dataset, tokenizer, prefetch_depth
 ):
     ray = ray_session
     packing = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
     spec = train_spec(
         energon_dataset, data_config={"energon": packing, "shuffle": True}, packing_algorithm="first_fit_decreasing"
     )
-    actor = spawn(spec, rank=1, prefetch_depth=2, deferred_states=True)
+    actor = spawn(spec, rank=1, prefetch_depth=prefetch_depth, deferred_states=True)
     states = [ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S) for _ in range(COMPLETABLE_HANDED_OUT_STATES + 4)]
     assert all(isinstance(state.get(COMPLETION_KEY), str) for state in states)
 

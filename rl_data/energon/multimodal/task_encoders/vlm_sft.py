@@ -108,8 +108,14 @@ def expand_media(
                 collected.setdefault(name, []).append(tensor)
         texts.append({**message, "content": parts})
         dims = processor.media_keys
-        tensors.append({k: PackedTensor([torch.cat(v, dims[k])], dims[k]) for k, v in collected.items()})
+        tensors.append({k: PackedTensor([_joined(v, dims[k])], dims[k]) for k, v in collected.items()})
     return texts, tensors
+
+
+def _joined(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """One message's tensors of a media key as one; a single one (one image: ~4.8 MB of patches
+    at 448 x 448) is kept as the processor made it, not copied."""
+    return tensors[0].contiguous() if len(tensors) == 1 else torch.cat(tensors, dim)
 
 
 def _process_part(
