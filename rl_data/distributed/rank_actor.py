@@ -246,7 +246,7 @@ class RankActor:
         while True:
             async with self._changed:
                 self._set_activity(f"waiting for a request ({len(self._ready)} batches ready)")
-                await self._changed.wait_for(lambda: self._produced < self._requested + self._depth)
+                await self._changed.wait_for(lambda: self._produced < self._prefetch_limit())
             self._set_activity(f"producing batch {self._produced}")
             try:
                 produced = await loop.run_in_executor(self._executor, self._produce_one)
@@ -267,6 +267,15 @@ class RankActor:
             self._metrics.record_produced(
                 skipped_samples=produced.skipped_samples, filtered_samples=produced.filtered_samples, ready=len(self._ready)
             )
+
+    def _prefetch_limit(self) -> int:
+        """How many batches to have produced: the first alone, then up to ``prefetch_depth`` ahead.
+
+        Prefetching starts with the second request: until then the other ranks on this node are
+        still making their first batch (after a start or a restore), which the first step waits
+        for; prefetching now would take their CPU (4 packed ranks on 2 cores: restore 1.0 -> X s).
+        """
+        return self._requested + (self._depth if self._requested > 1 else 0)
 
     def _produce_one(self) -> _Produced:
         if self._delay:

@@ -58,6 +58,7 @@ from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.fingerprint import brief, differences, fingerprint
 from rl_data.packing import packing_algorithm as parse_packing_algorithm
 from rl_data.tasks import get_task
+from rl_data.tokenization.chat import formatting_path
 from rl_data.tokenization.fast_encode import text_encoder
 
 _BACKEND = "energon"
@@ -605,9 +606,10 @@ def build_energon_sft_loader(
     adapter = ProcessorAdapter.from_processor(
         processor, {**data_config.adapter_flags(), **task.adapter_overrides}, max_sequence_length
     )
-    # Built here, once: worker processes forked later inherit it (each built its own: ~0.3
-    # CPU-s per worker start, a third of a restore with 2 workers).
+    # Built and decided here, once: worker processes forked later inherit both (each built its own:
+    # ~0.3 + 0.08 CPU-s per worker start), and a restore's first batch does not pay them.
     text_encoder(adapter.tokenizer)
+    formatting_path(adapter.tokenizer)
     worker_config = _worker_config(
         loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
     )
