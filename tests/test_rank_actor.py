@@ -63,13 +63,25 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
     actor = spawn(spec, rank=1, prefetch_depth=3)
     initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
     ray.get(actor.start.remote(), timeout=TIMEOUT_S)
-    status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "3 prefetched batches")
-    assert status["produced"] == 3 and status["handed_out"] == 0
-    time.sleep(0.3)  # it stops at the prefetch depth
-    assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 3
+    wait_for(lambda: ray.get(actor.status.remote(), timeout=TIMEOUT_S)["ready"] == 1, "the first batch")
+    time.sleep(0.3)  # the first batch alone: the other ranks' first batches get the CPU
+    assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 1
 
     batches, states = [], []
-    for _ in range(7):  # crosses the virtual epoch of 5 batches
+    batch_ref, state_ref = actor.next_batch.remote()
+    batches.append(list(ray.get(batch_ref, timeout=TIMEOUT_S)["source_ids"]))
+    states.append(ray.get(state_ref, timeout=TIMEOUT_S))
+    time.sleep(0.3)  # still none ahead until the second request
+    status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
+    assert (status["produced"], status["ready"], status["handed_out"]) == (1, 0, 1)
+    batch_ref, state_ref = actor.next_batch.remote()
+    batches.append(list(ray.get(batch_ref, timeout=TIMEOUT_S)["source_ids"]))
+    states.append(ray.get(state_ref, timeout=TIMEOUT_S))
+    status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "3 prefetched batches")
+    time.sleep(0.3)  # it stops at the prefetch depth
+    assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 5
+
+    for _ in range(5):  # crosses the virtual epoch of 5 batches
         batch_ref, state_ref = actor.next_batch.remote()
         batches.append(list(ray.get(batch_ref, timeout=TIMEOUT_S)["source_ids"]))
         states.append(ray.get(state_ref, timeout=TIMEOUT_S))
