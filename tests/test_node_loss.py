@@ -7,6 +7,7 @@ The driver connects to its own cluster, so these tests run in the ``ray_head`` p
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -31,6 +32,11 @@ def cluster():
     if ray.is_initialized():
         pytest.fail("this driver is already connected to Ray: run node-loss tests alone with `pytest -m ray_head`")
     temp_dir = private_ray_dir("cluster-")
+    # Cluster writes the head's address to <default Ray temp dir>/ray_current_cluster whatever
+    # temp_dir says; on a clean machine (the suite never uses /tmp/ray) that folder is missing.
+    from ray._common.utils import get_default_ray_temp_dir
+
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
