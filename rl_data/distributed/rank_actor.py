@@ -275,7 +275,7 @@ class RankActor:
         With a depth, the first batch is made as soon as the rank starts, and prefetching further
         starts with the second request: until then the other ranks on the node are still making
         their first batch (after a start or a restore), which the first step waits for, and
-        prefetching would take their CPU (4 packed ranks on 2 cores: restore 1.2 -> 0.8 s).
+        prefetching would take their CPU (4 packed ranks on 2 cores: restore 1.0-1.2 -> 0.7-1.0 s).
         """
         if self._depth == 0:
             return self._requested

@@ -609,7 +609,8 @@ def build_energon_sft_loader(
     # Built and decided here, once: worker processes forked later inherit both (each built its own:
     # ~0.3 + 0.08 CPU-s per worker start), and a restore's first batch does not pay them.
     text_encoder(adapter.tokenizer)
-    formatting_path(adapter.tokenizer)
+    if getattr(adapter.tokenizer, "chat_template", None) is not None:  # no probe warning without one
+        formatting_path(adapter.tokenizer)
     worker_config = _worker_config(
         loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
     )
