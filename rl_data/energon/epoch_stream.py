@@ -34,6 +34,7 @@ from megatron.energon.wrappers.base import BaseWrapperDataset
 from rl_data.energon import energon_fixes
 from rl_data.energon.state_codec import EncodedValueCache
 from rl_data.energon.worker_checkpoints import WorkerCheckpoints, ship_checkpoints
+from rl_data.energon.worker_hold import WorkerHold, hold_back_workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +216,11 @@ class RankStream:
         self._resting_state: Any = None  # the Energon state until the first item is pulled
         self.position = StreamPosition()
         self._checkpoints: WorkerCheckpoints | None = None
+        self._hold: WorkerHold | None = None
         if self._workers > 0:
             ship_checkpoints(loader)
             self._checkpoints = WorkerCheckpoints(loader)
+            self._hold = hold_back_workers(loader)
 
     def restore(self, energon_state: Any, position: StreamPosition) -> None:
         """Restore before the first item (the caller checked the state)."""
@@ -232,6 +235,8 @@ class RankStream:
 
     def close(self) -> None:
         """Close the Energon iterator (without workers it is a plain generator)."""
+        if self._hold is not None:
+            self._hold.close()
         if self._iterator is not None and hasattr(self._iterator, "close"):
             self._iterator.close()
 
@@ -312,6 +317,8 @@ class RankStream:
     def _pull(self) -> None:
         if self._iterator is None:
             self._iterator = iter(self._loader)
+        if self._pulled == 1 and self._hold is not None:
+            self._hold.release()  # the first item is out: the other workers start (worker_hold)
         try:
             item = self._first_item() if self._pulled == 0 else next(self._iterator)
         except StopIteration:
