@@ -144,6 +144,7 @@ def build_small_train_loader(
     loop_length: int = 0,
     batch_size: int = 2,
     seed_offset: int = 0,
+    prefetch_factor: int = 2,
 ) -> Any:
     """A train loader with small buffers over a small dataset (rank 0 of 1, shuffle on)."""
     from rl_data.energon.sft_dataloader import build_energon_sft_loader
@@ -154,6 +155,7 @@ def build_small_train_loader(
         "max_samples_per_sequence": 2,
         "checkpoint_every_sec": 0.5,
         "seed_offset": seed_offset,
+        "prefetch_factor": prefetch_factor,
     }
     arguments = dict(SINGLE_RANK_UNPACKED)
     if packing:

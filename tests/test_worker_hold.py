@@ -46,13 +46,17 @@ def _first_made(counts):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")  # 4 workers on 2 cores
 @pytest.mark.parametrize("restored_after", [0, 3], ids=["fresh", "restored_after_3_batches"])
 @pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("workers,prefetch_factor", [(2, 2), (2, 1), (4, 2)], ids=["2w_pf2", "2w_pf1", "4w_pf2"])
 def test_only_the_worker_owing_the_first_batch_works_until_the_second_is_wanted(
-    energon_dataset, tokenizer, packing, restored_after, monkeypatch
+    energon_dataset, tokenizer, packing, restored_after, workers, prefetch_factor, monkeypatch
 ):
     def build():
-        return build_small_train_loader(energon_dataset, tokenizer, num_workers=2, packing=packing)
+        return build_small_train_loader(
+            energon_dataset, tokenizer, num_workers=workers, packing=packing, prefetch_factor=prefetch_factor
+        )
 
     loader = build()
     reference = stream(loader, batch_source_ids, restored_after + 4)
@@ -61,21 +65,22 @@ def test_only_the_worker_owing_the_first_batch_works_until_the_second_is_wanted(
         loader.close()
         loader = build()
         stream(loader, batch_source_ids, restored_after)
-        state = torch_roundtrip(loader.state_dict())  # after 3 batches worker 1 owes the next
+        state = torch_roundtrip(loader.state_dict())  # after 3 batches another worker owes the next
     loader.close()
 
-    counts = _count_items_per_worker(monkeypatch, 2)
+    counts = _count_items_per_worker(monkeypatch, workers)
     loader = build()
     if state is not None:
         loader.load_state_dict(state)
     try:
         batches = iter(loader)
         first = next(batches)
-        # torch queued 2 batches on each worker; only torch's worker 0 made one
-        assert _settled(counts, _first_made) == [1, 0]
+        # torch queued prefetch_factor batches on each worker; only torch's worker 0 made one
+        assert _settled(counts, _first_made) == [1] + [0] * (workers - 1)
         second = next(batches)  # releases the hold
-        # 6 batches asked for by now (2 queued per worker, 1 more per batch taken)
-        assert _settled(counts, lambda made: made == [3, 3]) == [3, 3]
+        # torch asked for prefetch_factor per worker, then one more per batch taken (workers 0, 1)
+        wanted = [prefetch_factor + (worker < 2) for worker in range(workers)]
+        assert _settled(counts, lambda made: made == wanted) == wanted
         rest = [next(batches) for _ in range(2)]
     finally:
         loader.close()

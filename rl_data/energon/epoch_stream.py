@@ -17,6 +17,8 @@ Energon loader here never ends: it is iterated once, forever, and epochs are cou
   is not over yet; a pass ends when every worker sent its marker. Items of workers that are
   ahead wait in a small per-worker queue. The Energon state is saved at what was *delivered*
   (per-worker sample counters), plus the :class:`StreamPosition`.
+  With workers it holds them back until its second item (:mod:`rl_data.energon.worker_hold`):
+  after a start or restore only the worker owing the first item works.
 """
 
 from __future__ import annotations
