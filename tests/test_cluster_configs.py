@@ -165,12 +165,12 @@ def test_ray_up_installs_torch_before_the_project_cpu_wheel_on_head_cuda_on_gpu_
     assert any("boto3" in c for c in head)  # the AWS autoscaler on the head needs it
 
 
-def test_ray_up_start_commands_use_token_auth_dashboard_host_and_metrics_port():
+def test_ray_up_start_commands_use_token_auth_preload_dashboard_host_and_metrics_port():
     config = prepared_ray_up_config()
     head_start = config["head_start_ray_commands"][-1]
     worker_start = config["worker_start_ray_commands"][-1]
     for command in (head_start, worker_start):
-        assert "RAY_AUTH_MODE=token ~/rl_data_venv/bin/ray start" in command
+        assert "RAY_AUTH_MODE=token RAY_preload_python_modules=rl_data.distributed.preload ~/rl_data_venv/bin/ray start" in command
         assert f"--metrics-export-port={METRICS_PORT}" in command
     assert "--head --port=6379" in head_start
     assert "--dashboard-host=0.0.0.0" in head_start
@@ -345,3 +345,15 @@ def test_readme_refers_only_to_config_files_that_exist():
     assert "cluster_configs/kuberay/Dockerfile" in referenced
     for path in referenced:
         assert (REPO / path).exists(), path
+
+
+def test_every_ray_start_preloads_the_importable_loader_stack_module():
+    from rl_data.distributed import preload
+
+    config = prepared_ray_up_config()
+    named = {
+        re.search(r"RAY_preload_python_modules=(\S+)", command).group(1)
+        for command in (config["head_start_ray_commands"][-1], config["worker_start_ray_commands"][-1])
+    }
+    named.add(re.search(r"^ENV RAY_preload_python_modules=(\S+)$", (KUBERAY / "Dockerfile").read_text(), re.M).group(1))
+    assert named == set(preload.SYSTEM_CONFIG["preload_python_modules"]) == {preload.__name__}

@@ -1,0 +1,102 @@
+"""``rl_data.distributed.preload``: Ray's idle workers import the loader stack before they accept work.
+
+Each case runs a driver of its own (a subprocess: the test session's Ray was started without the
+setting) on a private local Ray: with ``preload.SYSTEM_CONFIG`` a rank actor lands in a
+prestarted worker that had the stack imported before its constructor ran, and its coordinator
+hands out the same batches as a coordinator on cold workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distributed_fixtures import train_spec
+from ray_head import private_ray_dir
+
+STACK = ["torch", "megatron.energon", "transformers", "rl_data.energon.sft_dataloader", "rl_data.tasks.chat_sft"]
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys, time
+    import psutil, ray
+    from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig, start_data_coordinator
+    from rl_data.distributed.preload import SYSTEM_CONFIG
+
+    preload, temp_dir, spec_json, stack = sys.argv[1] == "preload", sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _temp_dir=temp_dir, _system_config=SYSTEM_CONFIG if preload else {})
+
+    def pool_is_quiet():  # this driver's raylet prestarted its 2 workers and they finished importing
+        try:
+            idle = [p for p in psutil.Process().children(recursive=True) if "ray::IDLE" in " ".join(p.cmdline())]
+            return len(idle) >= 2 and all(p.cpu_percent(interval=0.3) < 5 for p in idle)
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not pool_is_quiet():
+        time.sleep(0.2)
+    before = time.time()
+    config = RuntimeConfig(parallel_layout=ParallelLayout(dp=1), prefetch_depth=0, bundle_resources={"CPU": 0.5},
+                           rank_actor_num_cpus=0.5, namespace="rl_data_tests", name="preload_test",
+                           step_timeout_s=60, control_timeout_s=60)
+    coordinator = start_data_coordinator(config, LoaderSpec.model_validate_json(spec_json))
+    ids = []
+    for _ in range(3):
+        _, refs = ray.get(coordinator.next_step.remote(), timeout=60)
+        ids.append(list(ray.get(refs[0], timeout=60)["source_ids"]))
+    rank_pid = ray.get(coordinator.status.remote(), timeout=60)["ranks"][0]["pid"]
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def __init__(self):
+            self.loaded = [name for name in stack if name in sys.modules]  # before anything ran here
+
+        def report(self):
+            return self.loaded
+
+    print(json.dumps({
+        "ids": ids,
+        "rank_prestarted": psutil.Process(rank_pid).create_time() < before,
+        "loaded_before_constructor": ray.get(Probe.remote().report.remote(), timeout=60),
+    }))
+    """
+)
+
+
+def run_driver(preload: bool, spec_json: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, "preload" if preload else "cold", private_ray_dir("preload-"), spec_json, json.dumps(STACK)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(energon_dataset) -> dict[bool, dict]:
+    spec_json = train_spec(energon_dataset).model_dump_json()
+    return {preload: run_driver(preload, spec_json) for preload in (False, True)}
+
+
+def test_preloaded_workers_hold_the_loader_stack_before_any_actor_code_runs(runs):
+    assert runs[True]["loaded_before_constructor"] == STACK
+    assert runs[False]["loaded_before_constructor"] == []  # a Ray worker imports none of it itself
+
+
+def test_a_rank_actor_lands_in_a_prestarted_worker_and_its_batches_do_not_change(runs):
+    assert runs[True]["rank_prestarted"]
+    assert runs[True]["ids"] == runs[False]["ids"]
+    assert all(len(step) == 2 for step in runs[True]["ids"])
+
+
+def test_the_system_config_names_this_module():
+    from rl_data.distributed import preload
+
+    assert preload.SYSTEM_CONFIG == {"preload_python_modules": ["rl_data.distributed.preload"]}
