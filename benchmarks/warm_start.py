@@ -13,8 +13,9 @@ coordinator (contender b's loader arguments and CPU layout, no consumer actor) a
 * ``preload``: ``rl_data.distributed.preload`` (the whole loader stack).
 
 Contender d (2 DataLoader workers, fresh process) runs in the same session for its time to first
-batch. Ray prestarts one idle worker per CPU and does not refill the pool, so on a 2-core machine
-only the coordinator and the first rank get a prestarted process; the table says how many rank
+batch. Ray prestarts one idle worker per CPU core and does not refill the pool, so on a 2-core
+machine only the coordinator and the first rank get a prestarted process (telling Ray the node has
+more CPUs does not prestart more: seen here with ``num_cpus=4``); the table says how many rank
 actors did (``warm ranks``).
 """
 
