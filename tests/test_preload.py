@@ -100,3 +100,30 @@ def test_the_system_config_names_this_module():
     from rl_data.distributed import preload
 
     assert preload.SYSTEM_CONFIG == {"preload_python_modules": ["rl_data.distributed.preload"]}
+
+
+def test_a_module_that_fails_to_import_is_logged_and_the_worker_still_starts(caplog):
+    from rl_data.distributed.preload import preload
+
+    with caplog.at_level("WARNING", logger="rl_data.distributed.preload"):
+        failed = preload(("json", "rl_data_no_such_module", "rl_data.tasks.chat_sft"))
+    assert list(failed) == ["rl_data_no_such_module"]
+    assert "ModuleNotFoundError" in failed["rl_data_no_such_module"]
+    assert "could not import rl_data_no_such_module" in caplog.text
+
+
+def test_preload_names_what_a_rank_actor_imports_before_its_first_batch():
+    import subprocess
+    import sys
+
+    # a fresh interpreter: after preload, building the rank actor's modules imports nothing new
+    code = (
+        "import sys, rl_data.distributed.preload; before = set(sys.modules); "
+        "import rl_data.distributed.rank_actor, rl_data.energon.sft_dataloader, rl_data.tasks.chat_sft, "
+        "megatron.energon, transformers.tokenization_utils_fast, tiktoken; "
+        "from rl_data.tasks import get_task; get_task('chat_sft'); "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

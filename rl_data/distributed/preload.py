@@ -18,16 +18,40 @@ The order and content of batches do not depend on it.
 
 from __future__ import annotations
 
-import torch  # noqa: F401
-import tiktoken  # noqa: F401
-from transformers import PreTrainedTokenizerFast  # noqa: F401
+import importlib
+import logging
 
-import rl_data.distributed.coordinator  # noqa: F401
-import rl_data.distributed.rank_actor  # noqa: F401
-import rl_data.energon.sft_dataloader  # noqa: F401
-from rl_data.tasks import get_task
+logger = logging.getLogger(__name__)
 
 #: The Ray system-config entry that makes every worker process import this module at its start.
 SYSTEM_CONFIG = {"preload_python_modules": [__name__]}
+#: What a rank actor imports before its first batch (the default task's encoder included: tasks
+#: are imported on first use), and what the coordinator imports for the rank states.
+MODULES = (
+    "torch",
+    "tiktoken",
+    "transformers.tokenization_utils_fast",
+    "rl_data.distributed.coordinator",
+    "rl_data.distributed.rank_actor",
+    "rl_data.energon.sft_dataloader",
+    "rl_data.tasks.chat_sft",
+)
 
-get_task("chat_sft")  # the default task's encoder module (tasks are imported on first use)
+
+def preload(modules: tuple[str, ...] = MODULES) -> dict[str, str]:
+    """Import ``modules``; return ``{module: error}`` for those that failed (each also logged).
+
+    Never raises: a worker process that ran this still starts (Ray runs it in every worker of the
+    raylet, whatever job it serves), and a module that failed here fails where it is used.
+    """
+    failed = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # noqa: BLE001 (an OSError from a shared library too)
+            failed[name] = f"{type(error).__name__}: {error}"
+            logger.warning("rl_data preload: could not import %s (%s); it is imported on first use instead", name, failed[name])
+    return failed
+
+
+preload()
