@@ -122,6 +122,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _worker_item_table(micro.get("worker_items", {}))
     lines += _rank_state_table(micro.get("rank_states", {}))
     lines += _deferred_state_table(micro.get("deferred_states", {}))
+    lines += _warm_start_table(micro.get("warm_start", {}))
     transfer = micro.get("transfer", {})
     lines += ["", "### 32 MB batch: object store vs in-process copy", ""]
     if "error" in transfer:
@@ -196,6 +197,22 @@ def _deferred_state_table(figures: dict[str, Any]) -> list[str]:
             ("ratio", _field("complete_vs_deferred")),
         ],
     )
+
+
+def _warm_start_table(figures: dict[str, Any]) -> list[str]:
+    from benchmarks.warm_start import table
+
+    lines = ["", "### First step from a fresh Ray session: cold, torch-only and preloaded worker processes", ""]
+    if "error" in figures:
+        return lines + [f"failed: {figures['error']}"]
+    if not figures:
+        return lines + ["not run"]
+    caption = (
+        "`start_data_coordinator` + first `next_step` + fetch, from the driver, unpacked; Ray's "
+        "`preload_python_modules`: nothing / torch (d's footing) / `rl_data.distributed.preload`. "
+        "`warm ranks`: rank actors that got a prestarted worker (Ray prestarts about one per core)."
+    )
+    return lines + [caption, ""] + table(figures)
 
 
 def _ratio(value: Any) -> str:

@@ -66,6 +66,10 @@ class BenchSettings(BaseModel):
     vlm_max_sequence_length: int = Field(default=1024, ge=16)
     vlm_samples_per_run: int = Field(default=2_400, ge=1)
     vlm_worker_counts: tuple[int, ...] = (0, 2)
+    #: First step from a fresh Ray session, cold / torch / loader stack preloaded
+    #: (``benchmarks/warm_start.py``): rank counts and interleaved repeats (0: not run).
+    warm_start_rank_counts: tuple[int, ...] = (1, 2)
+    warm_start_repeats: int = Field(default=2, ge=0)
     seed: int = 1234
     #: Seconds any single Ray call may take before the run fails.
     ray_timeout_s: float = Field(default=300.0, gt=0)
@@ -101,4 +105,6 @@ class BenchSettings(BaseModel):
             vlm_batch_size=4,
             vlm_max_sequence_length=512,
             vlm_samples_per_run=24,
+            warm_start_rank_counts=(1,),
+            warm_start_repeats=1,
         )

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import micro, ray_data, rank_states, rl_data_actors, worker_items
+from benchmarks import micro, ray_data, rank_states, rl_data_actors, warm_start, worker_items
 from benchmarks.fresh_process import run_in_fresh_process
 from benchmarks.settings import BenchSettings
 from benchmarks.vlm import prepare_vlm_workload
@@ -83,6 +83,11 @@ def run_suite(
         micro_results["deferred_states"] = _attempt(
             "micro: deferred rank states", lambda: rank_states.deferred(workload, settings, tokenizer), log
         )
+        if settings.warm_start_repeats:  # each driver starts a Ray session of its own
+            micro_results["warm_start"] = _attempt(
+                "micro: first step from a fresh Ray session, cold / preloaded workers",
+                lambda: warm_start.measure(settings, Path(out_dir) / "cache"), log,
+            )
     import ray
 
     ray_dir = tempfile.mkdtemp(prefix="rl_data_bench_ray_")

@@ -90,6 +90,9 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     assert deferred["batches"] == 4 and 0 < deferred["deferred_bytes"] < deferred["complete_bytes"]
     assert deferred["complete_ms"] > 0 and deferred["deferred_ms"] > 0
     assert set(micro["transfer"]) == {"bytes", "in_process_clone_ms", "object_store_batched_data_dict_ms", "object_store_dict_of_torch_ms"}
+    warm = micro["warm_start"]
+    assert sorted(warm["b"]) == ["1/cold", "1/preload", "1/torch"] and warm["d_first_batch_s"] > 0
+    assert all(row["first_step_s"] > 0 and row["warm_ranks"] in ([0], [1]) for row in warm["b"].values())
     judged = {t["target"]: t for t in results["targets"]}
     assert set(judged) >= {
         "chat formatting / raw encode of the same text (issue 7)",
@@ -109,6 +112,7 @@ def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
     for heading in (
         "## Contenders", "## Targets", "## Workers per rank", "## VLM", "## Per CPU-second",
         "### Chat formatting vs raw encode of the same text", "### Packing algorithms", "### 32 MB batch",
+        "### First step from a fresh Ray session",
     ):  # fmt: skip
         assert heading in markdown
     header = next(line for line in markdown.splitlines() if line.startswith("| contender |"))

@@ -85,11 +85,13 @@ def runs(energon_dataset) -> dict[bool, dict]:
     return {preload: run_driver(preload, spec_json) for preload in (False, True)}
 
 
+@pytest.mark.slow  # two private Ray sessions (~30 s); CI runs it
 def test_preloaded_workers_hold_the_loader_stack_before_any_actor_code_runs(runs):
     assert runs[True]["loaded_before_constructor"] == STACK
     assert runs[False]["loaded_before_constructor"] == []  # a Ray worker imports none of it itself
 
 
+@pytest.mark.slow
 def test_a_rank_actor_lands_in_a_prestarted_worker_and_its_batches_do_not_change(runs):
     assert runs[True]["rank_prestarted"]
     assert runs[True]["ids"] == runs[False]["ids"]
