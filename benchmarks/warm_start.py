@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -103,10 +104,10 @@ def measure(settings: Any, cache_dir: str | Path, packed: bool = False) -> dict[
             for variant, modules in VARIANTS.items():
                 result = _run_driver(settings_json, str(cache_dir), ranks, packed, modules)
                 runs.setdefault(f"{ranks}/{variant}", []).append(result)
-    d_median = _median(d_first)
+    d_median = statistics.median(d_first)
     rows = {}
     for key, results in runs.items():
-        first = _median([r["first_step_s"] for r in results])
+        first = statistics.median([r["first_step_s"] for r in results])
         rows[key] = {
             "first_step_s": first,
             "every_repeat_s": [round(r["first_step_s"], 3) for r in results],
@@ -129,9 +130,6 @@ def _run_driver(settings_json: str, cache_dir: str, ranks: int, packed: bool, mo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def _env() -> dict[str, str]:
