@@ -1,8 +1,8 @@
 """Time to the first step from a fresh Ray session: cold worker processes vs preloaded ones.
 
 ``python -m benchmarks.warm_start [--ranks 1 2] [--repeats 2] [--packed]`` (and the suite, before
-its own Ray session starts: ``warm_start_*`` settings) runs, per repeat and per variant, a new Python driver that starts a private local Ray (``num_cpus`` = the machine's
-cores), waits until the raylet's prestarted idle workers are up and quiet, then starts a data
+its own Ray session starts: ``warm_start_*`` settings) runs, per repeat and per variant, a new
+Python driver that starts a private local Ray (``num_cpus`` = the machine's cores), waits until the raylet's prestarted idle workers are up and quiet, then starts a data
 coordinator (contender b's loader arguments and CPU layout, no consumer actor) and times
 ``start_data_coordinator`` + the first ``next_step`` + fetching its batches. Variants (Ray's
 ``preload_python_modules``, see :mod:`rl_data.distributed.preload`):
@@ -56,17 +56,19 @@ def _first_step(settings_json: str, cache_dir: str, ranks: int, packed: bool, mo
         address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir,
         _system_config={"preload_python_modules": modules} if modules else {},
     )
-    _wait_for_quiet_pool(psutil, os.cpu_count() or 1)
-    begin_wall, begin = time.time(), time.perf_counter()
-    coordinator = _start(workload, settings, packing=packed, ranks=ranks, name="warm-start")
-    _, refs = ray.get(coordinator.next_step.remote(), timeout=settings.ray_timeout_s)
-    ray.get(refs, timeout=settings.ray_timeout_s)
-    first_step_s = time.perf_counter() - begin
-    status = ray.get(coordinator.status.remote(), timeout=settings.ray_timeout_s)
-    warm = sum(psutil.Process(rank["pid"]).create_time() < begin_wall for rank in status["ranks"])
-    _stop(coordinator, settings.ray_timeout_s)
-    ray.shutdown()
-    shutil.rmtree(ray_dir, ignore_errors=True)
+    try:
+        _wait_for_quiet_pool(psutil, os.cpu_count() or 1)
+        begin_wall, begin = time.time(), time.perf_counter()
+        coordinator = _start(workload, settings, packing=packed, ranks=ranks, name="warm-start")
+        _, refs = ray.get(coordinator.next_step.remote(), timeout=settings.ray_timeout_s)
+        ray.get(refs, timeout=settings.ray_timeout_s)
+        first_step_s = time.perf_counter() - begin
+        status = ray.get(coordinator.status.remote(), timeout=settings.ray_timeout_s)
+        warm = sum(psutil.Process(rank["pid"]).create_time() < begin_wall for rank in status["ranks"])
+        _stop(coordinator, settings.ray_timeout_s)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
     return {"first_step_s": first_step_s, "warm_ranks": warm}
 
 
@@ -114,7 +116,13 @@ def measure(settings: Any, cache_dir: str | Path, packed: bool = False) -> dict[
             "warm_ranks": [r["warm_ranks"] for r in results],
             "vs_d": first / d_median,
         }
-    return {"packed": packed, "repeats": settings.warm_start_repeats, "d_first_batch_s": d_median, "d_every_repeat_s": d_first, "b": rows}
+    return {
+        "packed": packed,
+        "repeats": settings.warm_start_repeats,
+        "d_first_batch_s": d_median,
+        "d_every_repeat_s": d_first,
+        "b": rows,
+    }
 
 
 def _run_driver(settings_json: str, cache_dir: str, ranks: int, packed: bool, modules: list[str]) -> dict[str, Any]:
@@ -128,8 +136,6 @@ def _run_driver(settings_json: str, cache_dir: str, ranks: int, packed: bool, mo
     if done.returncode:
         raise RuntimeError(f"warm-start driver failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 
 
 def _env() -> dict[str, str]:

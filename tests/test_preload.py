@@ -28,7 +28,7 @@ DRIVER = textwrap.dedent(
     from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig, start_data_coordinator
     from rl_data.distributed.preload import SYSTEM_CONFIG
 
-    preload, temp_dir, spec_json, stack = sys.argv[1] == "preload", sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    preload, temp_dir, specs, stack = sys.argv[1] == "preload", sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _temp_dir=temp_dir, _system_config=SYSTEM_CONFIG if preload else {})
 
@@ -43,15 +43,18 @@ DRIVER = textwrap.dedent(
     while time.monotonic() < deadline and not pool_is_quiet():
         time.sleep(0.2)
     before = time.time()
-    config = RuntimeConfig(parallel_layout=ParallelLayout(dp=1), prefetch_depth=0, bundle_resources={"CPU": 0.5},
-                           rank_actor_num_cpus=0.5, namespace="rl_data_tests", name="preload_test",
-                           step_timeout_s=60, control_timeout_s=60)
-    coordinator = start_data_coordinator(config, LoaderSpec.model_validate_json(spec_json))
-    ids = []
-    for _ in range(3):
-        _, refs = ray.get(coordinator.next_step.remote(), timeout=60)
-        ids.append(list(ray.get(refs[0], timeout=60)["source_ids"]))
-    rank_pid = ray.get(coordinator.status.remote(), timeout=60)["ranks"][0]["pid"]
+    ids, rank_prestarted = [], []
+    for index, (spec_json, prefetch_depth) in enumerate(specs):  # the first gets the prestarted workers
+        config = RuntimeConfig(parallel_layout=ParallelLayout(dp=1), prefetch_depth=prefetch_depth,
+                               bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5, namespace="rl_data_tests",
+                               name=f"preload_test_{index}", step_timeout_s=60, control_timeout_s=60)
+        coordinator = start_data_coordinator(config, LoaderSpec.model_validate_json(spec_json))
+        for _ in range(6):  # past the 5-batch virtual epoch
+            _, refs = ray.get(coordinator.next_step.remote(), timeout=60)
+            ids.append(list(ray.get(refs[0], timeout=60)["source_ids"]))
+        rank_pid = ray.get(coordinator.status.remote(), timeout=60)["ranks"][0]["pid"]
+        rank_prestarted.append(psutil.Process(rank_pid).create_time() < before)
+        ray.get(coordinator.shutdown.remote(), timeout=60)
 
     @ray.remote(num_cpus=0)
     class Probe:
@@ -63,39 +66,51 @@ DRIVER = textwrap.dedent(
 
     print(json.dumps({
         "ids": ids,
-        "rank_prestarted": psutil.Process(rank_pid).create_time() < before,
+        "rank_prestarted": rank_prestarted[0],
         "loaded_before_constructor": ray.get(Probe.remote().report.remote(), timeout=60),
     }))
     """
 )
 
 
-def run_driver(preload: bool, spec_json: str) -> dict:
+def run_driver(preload: bool, specs: list[tuple[str, int]]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, "preload" if preload else "cold", private_ray_dir("preload-"), spec_json, json.dumps(STACK)],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        [sys.executable, "-c", DRIVER, "preload" if preload else "cold", private_ray_dir("preload-"), json.dumps(specs), json.dumps(STACK)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def packed_spec(dataset, energon: dict):
+    return train_spec(dataset, data_config={"energon": energon, "shuffle": True}, packing_algorithm="first_fit_decreasing")
+
+
 @pytest.fixture(scope="module")
 def runs(energon_dataset) -> dict[bool, dict]:
-    spec_json = train_spec(energon_dataset).model_dump_json()
-    return {preload: run_driver(preload, spec_json) for preload in (False, True)}
+    """Each driver: 0 Energon workers unpacked without prefetch, then 2 workers packed with prefetch 2."""
+    packed = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8, "num_workers": 2}
+    specs = [
+        (train_spec(energon_dataset).model_dump_json(), 0),
+        (packed_spec(energon_dataset, packed).model_dump_json(), 2),
+    ]
+    return {preload: run_driver(preload, specs) for preload in (False, True)}
 
 
-@pytest.mark.slow  # two private Ray sessions (~30 s); CI runs it
+@pytest.mark.slow  # two private Ray sessions (~40 s); CI runs it
+@pytest.mark.timeout(420)  # the module fixture runs both drivers (at most 180 s each)
 def test_preloaded_workers_hold_the_loader_stack_before_any_actor_code_runs(runs):
     assert runs[True]["loaded_before_constructor"] == STACK
     assert runs[False]["loaded_before_constructor"] == []  # a Ray worker imports none of it itself
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_a_rank_actor_lands_in_a_prestarted_worker_and_its_batches_do_not_change(runs):
     assert runs[True]["rank_prestarted"]
-    assert runs[True]["ids"] == runs[False]["ids"]
-    assert all(len(step) == 2 for step in runs[True]["ids"])
+    assert runs[True]["ids"] == runs[False]["ids"]  # same sample ids, same order, in both settings
+    unpacked, packed = runs[True]["ids"][:6], runs[True]["ids"][6:]
+    assert all(len(step) == 2 for step in unpacked) and len(packed) == 6 and all(packed)
 
 
 def test_the_system_config_names_this_module():
@@ -114,18 +129,25 @@ def test_a_module_that_fails_to_import_is_logged_and_the_worker_still_starts(cap
     assert "could not import rl_data_no_such_module" in caplog.text
 
 
-def test_preload_names_what_a_rank_actor_imports_before_its_first_batch():
-    import subprocess
-    import sys
-
-    # a fresh interpreter: after preload, building the rank actor's modules imports nothing new
+def test_preload_imports_what_a_rank_actor_needs_before_its_first_batch(energon_dataset):
+    # a fresh interpreter: after preload, loading the tokenizer and building and iterating a loader
+    # (the rank actor's work) imports no library module (only multiprocessing/profiler helpers)
+    spec = packed_spec(energon_dataset, {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8})
     code = (
-        "import sys, rl_data.distributed.preload; before = set(sys.modules); "
-        "import rl_data.distributed.rank_actor, rl_data.energon.sft_dataloader, rl_data.tasks.chat_sft, "
-        "megatron.energon, transformers.tokenization_utils_fast, tiktoken; "
-        "from rl_data.tasks import get_task; get_task('chat_sft'); "
-        "print(sorted(set(sys.modules) - before))"
+        "import json, sys, rl_data.distributed.preload; before = set(sys.modules)\n"
+        "from rl_data.distributed import LoaderSpec\n"
+        "from rl_data.energon.sft_dataloader import build_energon_sft_loader\n"
+        "from rl_data.tokenization import load_qwen3_tokenizer\n"
+        "spec = LoaderSpec.model_validate_json(sys.argv[1])\n"
+        "loader = build_energon_sft_loader(**spec.builder_kwargs(), processor=load_qwen3_tokenizer(),\n"
+        "    logical_rank=0, logical_world_size=1, placement_fingerprint='preload-test')\n"
+        "next(iter(loader)); loader.state_dict()\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, spec.model_dump_json()], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    new = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [m for m in new if not m.startswith(("multiprocessing.", "torch.profiler."))] == []

@@ -1,9 +1,10 @@
 """Import a rank actor's loader stack ahead of time, in Ray's idle worker processes.
 
-A Ray actor starts in one of the raylet's idle worker processes (it starts one per CPU with the
-node and does not refill them; later actors get a new process). A rank actor then spends ~1.5-2 CPU-s importing torch, Megatron-Energon, transformers'
-tokenizer class and this project's loaders before it builds anything; with every rank and the
-coordinator starting at once that is most of the time to the first step. Ray can import modules
+A Ray actor starts in one of the raylet's idle worker processes (it prestarts about one per core
+and does not refill them; later actors get a new process). A rank actor then spends ~1.5-2 CPU-s
+importing torch, Megatron-Energon, transformers' tokenizer class and this project's loaders
+before it builds anything; with every rank and the coordinator starting at once that is most of
+the time to the first step. Ray can import modules
 in each worker process before it accepts work (the raylet's ``preload_python_modules``): name
 this module there and those imports are done while the worker waits in the pool::
 
@@ -50,7 +51,9 @@ def preload(modules: tuple[str, ...] = MODULES) -> dict[str, str]:
             importlib.import_module(name)
         except Exception as error:  # noqa: BLE001 (an OSError from a shared library too)
             failed[name] = f"{type(error).__name__}: {error}"
-            logger.warning("rl_data preload: could not import %s (%s); it is imported on first use instead", name, failed[name])
+            logger.warning(
+                "rl_data preload: could not import %s (%s); it is imported on first use instead", name, failed[name]
+            )
     return failed
 
 
