@@ -59,6 +59,11 @@ def reference_stream(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, st
     return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: list(batch["source_ids"]))
 
 
+def reference_batches(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[Any]]:
+    """``[step][rank] -> batch`` of an uninterrupted run, read directly from the loaders."""
+    return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: batch)
+
+
 def reference_states(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[dict[str, Any]]]:
     """``[step][rank] -> loader.state_dict()`` after that step's batch, read directly from the loaders."""
     return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: loader.state_dict())
@@ -108,10 +113,16 @@ def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwa
     try:
         yield handle
     finally:
-        with contextlib.suppress(Exception):
-            ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
-        ray.kill(handle, no_restart=True)
-        wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
+        shut_down(ray, handle, config.name, config.namespace)
+
+
+def shut_down(ray: Any, handle: Any, name: str, namespace: str) -> None:
+    """Shut a named coordinator or feed down (its rank actors, its placement group), kill it and
+    wait until its name is free."""
+    with contextlib.suppress(Exception):
+        ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
+    ray.kill(handle, no_restart=True)
+    wait_until_name_is_free(name, namespace, TIMEOUT_S)
 
 
 def ids_of(ray: Any, refs: list[Any]) -> list[list[str]]:

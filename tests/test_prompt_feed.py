@@ -9,19 +9,26 @@ round-robin (:mod:`rl_data.prompt_feed.merge`), so uid ``(e, p)`` must carry ref
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
+import json
+import os
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from distributed_fixtures import TIMEOUT_S, runtime_config
+from distributed_fixtures import ENERGON_WORKERS, TIMEOUT_S, runtime_config, shut_down
 
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
@@ -52,8 +59,8 @@ def prompt_root(tmp_path_factory):
     return str(root)
 
 
-def _spec(root: str, **source: Any) -> LoaderSpec:
-    energon = {"task_encoder": "rl_prompt", "num_workers": 0, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+def _spec(root: str, workers: int = 0, **source: Any) -> LoaderSpec:
+    energon = {"task_encoder": "rl_prompt", "num_workers": workers, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
     return LoaderSpec(
         data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
         source={"path": root, "split": "train", **source},
@@ -69,9 +76,14 @@ def _config(world: int = WORLD, **overrides: Any) -> RuntimeConfig:
 @pytest.fixture(scope="module")
 def reference(prompt_root, tokenizer) -> list[list[str]]:
     """``[epoch][position] -> key`` for 3 epochs of the 2-rank feed, read from the loaders directly."""
+    return _reference(_spec(prompt_root), tokenizer)
+
+
+def _reference(spec: LoaderSpec, tokenizer: Any) -> list[list[str]]:
+    """``[epoch][position] -> key`` for 3 epochs of a 2-rank feed over ``spec``, read from the loaders directly."""
     from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
-    spec, config = _spec(prompt_root), _config()
+    config = _config()
     passes = []
     for rank in range(WORLD):
         loader = build_energon_sft_loader(
@@ -93,10 +105,7 @@ def running_feed(ray: Any, config: RuntimeConfig, spec: LoaderSpec, feed: FeedCo
     try:
         yield handle
     finally:
-        with contextlib.suppress(Exception):
-            ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
-        ray.kill(handle, no_restart=True)
-        wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
+        shut_down(ray, handle, config.name, config.namespace)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -303,8 +312,6 @@ def test_a_restored_feed_hands_out_every_unresolved_prompt_again_in_uid_order(ra
         for prompt in again[:6]:  # identical content
             assert prompt.key == by_uid[prompt.uid].key and _same(prompt.payload, by_uid[prompt.uid].payload)
         assert [p.key for p in again[6:]] == reference[1][3:7]
-        with pytest.raises(Exception, match=r"load_state_dict after take was called"):
-            ray_session.get(second.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S)
         with pytest.raises(Exception, match=r"cannot ack uid \(0, 11\) .*: it is already resolved"):
             trainer.ack([(0, 11)])
         trainer.ack([p.uid for p in again])
@@ -367,3 +374,191 @@ def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_al
         assert status["outstanding"] == 0 and status["outstanding_by_holder"] == {}
         with pytest.raises(Exception, match="take holder must be a non-empty string"):
             ray_session.get(trainer.handle.take.remote(1, None, ""), timeout=TIMEOUT_S)
+
+
+# -- rewinding a live feed -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+def test_a_live_feed_rewinds_to_a_checkpoint_and_goes_on_as_a_fresh_restore_would(
+    ray_session, prompt_root, tokenizer, tmp_path, workers
+):
+    """Two rewinds (from a file, then from a state in memory, past an epoch end) of a feed with
+    prompts outstanding, released and prefetched; the trainer's record of resolved prompts rolls
+    back with each rewind, as it would with the model. Every prompt of two epochs ends up
+    resolved exactly once in the surviving record, with its reference key."""
+    spec = _spec(prompt_root, workers)
+    reference = _reference(spec, tokenizer)
+    keys = {Uid(e, p): key for e, epoch in enumerate(reference) for p, key in enumerate(epoch)}
+    stream, size = sorted(keys), len(reference[0])
+    config = _config()
+    with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=60)):
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+        kept: list[Uid] = []  # resolved in the surviving history
+
+        def take(n: int) -> list[Uid]:
+            prompts = rollout.take(n)
+            assert [p.key for p in prompts] == [keys[p.uid] for p in prompts]
+            return [p.uid for p in prompts]
+
+        def ack(uids: list[Uid]) -> None:
+            trainer.ack(uids)
+            kept.extend(uids)
+
+        def unresolved(n: int) -> list[Uid]:
+            """The first ``n`` prompts a fresh feed restored from the rewind's checkpoint hands out."""
+            done = set(kept)
+            return [uid for uid in stream if uid not in done][:n]
+
+        first = take(7)
+        ack(first[:4])
+        trainer.drop(first[4:5], "too_easy")
+        kept += first[4:5]
+        rollout.release(first[5:6])  # first[6] stays outstanding
+        trainer.save_checkpoint(str(tmp_path / "c1"))
+        at_c1 = len(kept)
+        later = take(10)
+        assert later == [first[5], *stream[7:16]]  # the released one first
+        ack(later + first[6:7])
+        out = take(5)  # outstanding at the rewind; the rank actors have prefetched more
+        rollout.release(out[:1])  # and one released, waiting
+        names = rollout.status()["rank_actor_names"]
+
+        summary = trainer.load_checkpoint(str(tmp_path / "c1"))  # rewind 1, from a file
+        del kept[at_c1:]
+        status = rollout.status()
+        assert (status["outstanding"], status["outstanding_by_holder"], status["restarts"]) == (0, {}, [0, 0])
+        assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"too_easy": 1})
+        assert status["released_waiting"] == 0 and status["restore_failure"] is None
+        assert not set(status["rank_actor_names"]) & set(names)  # every rank actor replaced
+        with pytest.raises(UidStateError) as stale:  # handed out before the rewind, not since
+            trainer.ack([out[1]])
+        assert (stale.value.uid, stale.value.state) == (out[1], "not handed out yet")
+        with pytest.raises(UidStateError):
+            trainer.ack([first[6]])  # acked after the checkpoint: rolled back, not handed out since
+
+        expected = unresolved(size + 3)  # through the epoch end, into epoch 1
+        second = take(size + 3)
+        assert second == expected and second[:2] == [first[5], first[6]] and second[-1].epoch == 1
+        ack(second[4:-3])
+        rollout.release(second[-1:])
+        c2 = trainer.state_dict()  # unresolved: second[:4] (epoch 0) and second[-3:] (epoch 1)
+        at_c2 = len(kept)
+        ack(second[:4] + second[-3:-1] + take(9))
+        names = rollout.status()["rank_actor_names"]
+
+        trainer.load_state_dict(c2)  # rewind 2, from a state in memory
+        del kept[at_c2:]
+        assert not set(rollout.status()["rank_actor_names"]) & set(names)
+        rest = len(set(stream[: 2 * size]) - set(kept)) + 4  # the rest of epoch 1 and 4 prompts of epoch 2
+        expected = unresolved(rest)
+        third = take(rest)
+        assert third == expected and third[:7] == second[:4] + second[-3:]
+        ack(third)
+
+        assert len(kept) == len(set(kept))  # nothing resolved twice
+        assert sorted(u for u in kept if u.epoch < 2) == stream[: 2 * size]  # nothing missing
+        epochs = rollout.status()["epochs"]
+        assert [(e["size"], e["resolved_exactly_once"]) for e in epochs[:2]] == [(size, True), (size, True)]
+        assert (epochs[0]["acked"], epochs[0]["dropped"], epochs[1]["acked"]) == (size - 1, {"too_easy": 1}, size)
+
+
+@pytest.mark.timeout(300)
+def test_a_refused_checkpoint_leaves_the_live_feed_serving_as_before(ray_session, prompt_root, reference):
+    config = _config()
+    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)):
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+        taken = rollout.take(6)
+        trainer.ack([p.uid for p in taken[:3]])
+        good = trainer.state_dict()
+        before = rollout.status()
+        bad = {name: copy.deepcopy(good) for name in ("layout", "identity", "cursor", "offset")}
+        bad["layout"]["placement"]["layout"]["logical_world_size"] = 4
+        bad["identity"]["ledger"]["producers"][1]["loader"]["identity"]["batch_size"] = 8
+        bad["cursor"]["ledger"]["cursor"]["producer"] = 5
+        bad["offset"]["ledger"]["producers"][0]["offset"] = -1
+        for name, message in (
+            ("layout", r"Placement layout changed: logical_world_size 4 -> 2"),
+            ("identity", r"rank 1: Energon loader identity changed: batch_size 8 -> 4"),
+            ("cursor", r"merge cursor .* is invalid for 2 producer"),
+            ("offset", r"rank 0 producer state has offset -1 and pass 0, expected ints >= 0"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                trainer.load_state_dict(bad[name])
+        after = rollout.status()
+        assert after["rank_actor_names"] == before["rank_actor_names"] and after["restore_failure"] is None
+        assert (after["outstanding"], after["outstanding_by_holder"], after["totals"]) == (
+            3, {"worker-a": 3}, before["totals"])
+        trainer.ack([p.uid for p in taken[3:]])  # the outstanding prompts are still the holder's
+        assert [p.key for p in rollout.take(4)] == reference[0][6:10]
+
+
+@pytest.mark.timeout(300)
+def test_a_second_restore_while_one_is_in_flight_is_refused_not_queued(ray_session, prompt_root, reference, tmp_path):
+    config = _config()
+    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)) as handle:
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+        trainer.ack([p.uid for p in rollout.take(2)])
+        trainer.save_checkpoint(str(tmp_path))
+        state = trainer.state_dict()
+        rollout.take(5)
+        first = handle.load_state_dict.remote(state)  # a rewind: replaces the rank actors (seconds)
+        second = handle.load_state_dict.remote(state)
+        third = handle.load_checkpoint.remote(str(tmp_path))
+        for refused in (second, third):
+            with pytest.raises(RuntimeError, match=r"refused: another restore of this feed is in flight"):
+                ray_session.get(refused, timeout=TIMEOUT_S)
+        ray_session.get(first, timeout=TIMEOUT_S)
+        names = rollout.status()["rank_actor_names"]
+        trainer.load_checkpoint(str(tmp_path))  # nothing taken since: as cheap as a fresh feed's restore
+        assert rollout.status()["rank_actor_names"] == names
+        assert [p.key for p in rollout.take(4)] == reference[0][2:6]
+
+
+_DETACHED_STARTER = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    from rl_data.distributed.config import LoaderSpec, RuntimeConfig
+    from rl_data.prompt_feed.client import attach_feed
+    from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
+
+    address, config, spec = sys.argv[1], RuntimeConfig.model_validate_json(sys.argv[2]), LoaderSpec.model_validate_json(sys.argv[3])
+    ray.init(address=address, namespace=config.namespace, log_to_driver=False)
+    feed = start_prompt_feed(config, spec, FeedConfig(max_outstanding=10))  # held until this process exits
+    rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=60)
+    taken = rollout.take(3)
+    trainer.ack([p.uid for p in taken[:2]])
+    print("RESULT " + json.dumps({"keys": [p.key for p in taken], "pid": rollout.status()["pid"]}))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, prompt_root, reference):
+    config, spec = _config(lifetime="detached"), _spec(prompt_root)
+    env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
+    address = ray_session.get_runtime_context().gcs_address
+    started = subprocess.run(
+        [sys.executable, "-c", _DETACHED_STARTER, address, config.model_dump_json(), spec.model_dump_json()],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        line = next(line for line in started.stdout.splitlines() if line.startswith("RESULT "))
+        report = json.loads(line[len("RESULT "):])
+        assert report["keys"] == reference[0][:3]
+        time.sleep(2)  # the starter's job has ended; its non-detached actors would be gone by now
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+        status = rollout.status()
+        assert (status["pid"], status["outstanding"], status["totals"]["acked"], status["restarts"]) == (
+            report["pid"], 1, 2, [0, 0])
+        assert [p.key for p in rollout.take(3)] == reference[0][3:6]  # its rank actors still produce
+        assert rollout.status()["restarts"] == [0, 0]
+    finally:
+        with contextlib.suppress(Exception):
+            handle = ray_session.get_actor(config.name, namespace=config.namespace)
+            ray_session.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
+            ray_session.kill(handle, no_restart=True)
+        wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)

@@ -25,6 +25,18 @@ that timed out and is repeated gets the same step (re-delivered), and after leav
 A consumer whose refs cannot be fetched any more (their node died) asks
 ``redeliver(step)`` for fresh refs with the same batches; ``pending_steps()`` lists the
 steps handed out and not committed.
+
+Several consumers of one step (DP workers that each train their part of every step): each
+holds its own client, asks for the same step, ``next_step(expected_step=k)``, and fetches its
+own ref, ``refs[dp_rank]``; the first request produces step k, the others get it re-delivered.
+Exactly one of them (DP rank 0) commits k, and only once every worker has its batch of k (after
+a collective every worker reaches, e.g. the gradient all-reduce or ``ray.train.report``):
+a committed step is no longer handed out. ``rl_data.integrations.ray_train`` does this for
+Ray Train workers.
+
+A coordinator is rewound with ``load_checkpoint``/``load_state_dict`` on a live coordinator
+(see ``DataCoordinator.load_state_dict``); clients that asked for steps before the rewind are
+refused the steps past the checkpoint's: ask for ``load_state_dict``'s returned step + 1.
 """
 
 from __future__ import annotations
@@ -89,13 +101,17 @@ class CoordinatorClient:
         self.handle, self.timeout_s = handle, timeout_s
         self._expected: Optional[int] = None  # the step the next next_step() asks for
 
-    def next_step(self) -> tuple[int, list[Any]]:
-        """``(step, refs)``: the step after the last one received and one batch ObjectRef per DP rank.
+    def next_step(self, expected_step: Optional[int] = None, *, commit: Optional[int] = None) -> tuple[int, list[Any]]:
+        """``(step, refs)``: one batch ObjectRef per DP rank of ``expected_step``, by default the
+        step after the last one received (the first call: the first uncommitted step).
 
-        The first call asks for the first uncommitted step. After a timeout, calling again
-        returns the same step (the coordinator re-delivers it), never the one after.
+        A pending step (handed out, not committed) is re-delivered, the next new one produced;
+        a committed step or one past the next is refused (``ValueError`` naming the pending
+        steps). After a timeout, calling again returns the same step, never the one after.
+        ``commit``: first commit that step (one round trip per step for a single consumer).
         """
-        step, refs = self._get(self.handle.next_step.remote(expected_step=self.expected_step()))
+        want = self.expected_step() if expected_step is None else expected_step
+        step, refs = self._get(self.handle.next_step.remote(commit=commit, expected_step=want))
         self._expected = step + 1
         return step, refs
 
@@ -146,21 +162,38 @@ class CoordinatorClient:
         """Handed-out and committed steps, restarts and what every rank is doing."""
         return self._get(self.handle.status.remote())
 
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint of the last committed step (store it with the model checkpoint)."""
-        return self._get(self.handle.state_dict.remote())
+    def state_dict(self, step: Optional[int] = None) -> dict[str, Any]:
+        """The checkpoint of the last committed step, or of pending ``step`` (store it with the
+        model checkpoint of that step)."""
+        return self._get(self.handle.state_dict.remote(step))
 
     def save_checkpoint(self, directory: str) -> str:
         """Write the checkpoint of the last committed step to ``directory`` (on the coordinator's node)."""
         return self._get(self.handle.save_checkpoint.remote(directory))
 
     def load_checkpoint(self, directory: str, *, reweight: bool = False) -> int:
-        """Restore a checkpoint into the coordinator (fresh, or right after a restore); return its
-        step. ``reweight``: a mixture with changed weights continues with them (see
-        ``DataCoordinator.load_state_dict``). The next :meth:`next_step` returns the step after it."""
+        """Restore a checkpoint written by ``save_checkpoint`` (on the coordinator's node) into the
+        coordinator, fresh or live (a rewind, see ``DataCoordinator.load_state_dict``); return its
+        step. ``reweight``: a mixture with changed weights continues with them. The next
+        :meth:`next_step` returns the step after it."""
         step = self._get(self.handle.load_checkpoint.remote(directory, reweight))
         self._expected = step + 1
         return step
+
+    def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> int:
+        """Restore a checkpoint dict (e.g. read from a training framework's checkpoint), fresh or
+        live (a rewind), as :meth:`load_checkpoint` does; return its step."""
+        self._get(self.handle.load_state_dict.remote(state, reweight))
+        self._expected = int(state["step"]) + 1
+        return self._expected - 1
+
+    def origin_state_dict(self) -> dict[str, Any]:
+        """The checkpoint the coordinator started from (see ``DataCoordinator.origin_state_dict``)."""
+        return self._get(self.handle.origin_state_dict.remote())
+
+    def progress(self) -> dict[str, int]:
+        """``committed_step``, ``handed_step``, ``origin_step`` and ``rewinds`` (answers at once)."""
+        return self._get(self.handle.progress.remote())
 
     def _get(self, ref: Any) -> Any:
         import ray

@@ -53,6 +53,13 @@ class RuntimeConfig(_Strict):
     strategy: PlacementStrategy = "PACK"
     namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1)
     name: str = Field(default=DEFAULT_NAME, min_length=1)
+    lifetime: Optional[Literal["detached"]] = Field(
+        default=None,
+        description=(
+            "None: the actor dies with the process that started it (or when its last handle is "
+            "dropped); 'detached': it outlives that process until shutdown and ray.kill, or the cluster stops"
+        ),
+    )
     step_timeout_s: float = Field(default=600.0, gt=0, description="per rank, per batch")
     control_timeout_s: float = Field(default=300.0, gt=0, description="build/restore/state calls")
     max_rank_restarts: int = Field(default=3, ge=0, description="per rank, over the whole run")

@@ -31,8 +31,19 @@ Exactly once, step by step:
   is alive, so after a node loss the lost batches are re-produced and re-delivered.
 * ``load_state_dict`` is all or nothing: a rank that dies while restoring is replaced and
   restored again; if the restore still fails, every step, commit and checkpoint is refused,
-  naming the rank, until a restore succeeds. Restoring is allowed until the first
-  ``next_step`` after creation or after the last restore.
+  naming the rank, until a restore succeeds. A checkpoint that is refused (another format,
+  layout or identity) changes nothing.
+* **Rewind.** ``load_state_dict`` also works on a live coordinator (steps handed out, ranks
+  prefetching): every pending and prefetched step is dropped, every rank actor is replaced by a
+  fresh one in its bundle (an Energon loader restores only before it starts) and restored, and
+  the next step is the one after the checkpoint's. This is what a framework restart needs (Ray
+  Train rolls the model back to its last registered checkpoint while the data has moved on). A
+  rewind costs a rank actor's start-up per rank; it does not count as a rank death. A restore
+  is refused only while another one is in flight. Refs handed out before a rewind stay readable
+  while their holders keep them; committing or re-delivering their steps is refused.
+* ``origin_state_dict()`` is the checkpoint the coordinator started from: its initial position,
+  or the checkpoint loaded into it before its first step (a rewind does not change it). A
+  framework restart with no checkpoint of its own rewinds there.
 * The placement group is named after the coordinator; a new coordinator of the same name
   removes a group left behind by a coordinator that died without ``shutdown``.
 
@@ -159,6 +170,9 @@ class DataCoordinator:
         self._recoveries: dict[int, _Recovery] = {}  # rank -> its replacement, until caught up
         self._producing = False  # next_step produced (or tried to) since creation or the last restore
         self._restore_failure: Optional[str] = None
+        self._restoring = False  # a load_state_dict is in flight
+        self._origin: Optional[tuple[int, list[dict[str, Any]]]] = None  # see origin_state_dict
+        self._rewinds = 0
         self._saved_deferred = 0  # rank states checkpoints took as handed out (not completed)
         self._dp = config.parallel_layout.dp
         self._merge_spec: Optional[dict[str, Any]] = None  # from rank 0, when DP ranks merge shards
@@ -184,6 +198,7 @@ class DataCoordinator:
             self._merge_spec = await self._await(self._ranks[0].merge_spec.remote(), timeout, 0, "describing its batches")
         if not self._committed_states:  # a concurrent call may have finished first
             self._committed_states = list(states)
+            self._origin = (0, list(states))
 
     async def next_step(self, commit: Optional[int] = None, expected_step: Optional[int] = None) -> tuple[int, list[Any]]:
         """Step k and one batch ref per DP rank (refs are handed out, data is never fetched).
@@ -233,8 +248,14 @@ class DataCoordinator:
             return await self._redeliver(step)
 
     async def progress(self) -> dict[str, int]:
-        """``{"committed_step", "handed_step"}`` (answers at once, also while a step is produced)."""
-        return {"committed_step": self._committed_step, "handed_step": self._handed_step}
+        """``{"committed_step", "handed_step", "origin_step", "rewinds"}`` (answers at once, also
+        while a step is produced or a restore runs)."""
+        return {
+            "committed_step": self._committed_step,
+            "handed_step": self._handed_step,
+            "origin_step": self._origin[0] if self._origin else 0,
+            "rewinds": self._rewinds,
+        }
 
     async def commit(self, step: int) -> None:
         """Record that the trainer consumed every step up to and including ``step``."""
@@ -256,25 +277,47 @@ class DataCoordinator:
             self._committed_step = step
             self._metrics.record_committed(step)
 
-    async def state_dict(self) -> dict[str, Any]:
-        """The checkpoint for the last committed step (loads with ``torch.load(weights_only=True)``)."""
+    async def state_dict(self, step: Optional[int] = None) -> dict[str, Any]:
+        """The checkpoint for the last committed step (loads with ``torch.load(weights_only=True)``).
+
+        ``step``: the checkpoint after a pending step instead (handed out, not yet committed), for a
+        consumer that saves a step's checkpoint before every consumer of it is known to be done
+        (``rl_data.integrations.ray_train``): restoring it continues at ``step + 1``.
+        """
         await self._ensure_ready()
         self._refuse_if_restore_failed("state_dict")
-        step, states = await self._completed_states()
+        if step is not None and step != self._committed_step and step not in self._pending:
+            raise ValueError(
+                f"no checkpoint of step {step}: the last committed step is {self._committed_step} and the "
+                f"pending steps are {self._pending_range()}"
+            )
+        return self._checkpoint(*await self._completed_states(step))
+
+    async def origin_state_dict(self) -> dict[str, Any]:
+        """The checkpoint this coordinator started from: the initial position, or the checkpoint
+        loaded into it before its first step (rewinds keep it). Load it to start over."""
+        await self._ensure_ready()
+        return self._checkpoint(*self._origin)
+
+    def _checkpoint(self, step: int, states: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "step": step,
             "placement": {"fingerprint": self._placement.fingerprint, "layout": self._placement.layout},
             "consumer_layout": consumer_layout(self._config),
-            "ranks": states,
+            "ranks": [without_completion_key(state) for state in states],
         }
 
-    async def _completed_states(self) -> tuple[int, list[dict[str, Any]]]:
-        """The committed step and its states, each completed by its rank once (kept for later
-        checkpoints); a rank that cannot (replaced since, or not answering within the control
-        timeout) leaves its state as it is: as exact, a restore from it encodes more."""
-        step, states = self._committed_step, list(self._committed_states)
+    async def _completed_states(self, step: Optional[int] = None) -> tuple[int, list[dict[str, Any]]]:
+        """The committed (or a pending) step and its states, each completed by its rank once (a
+        committed one kept for later checkpoints); a rank that cannot (replaced since, or not
+        answering within the control timeout) leaves its state as it is: as exact, a restore from
+        it encodes more."""
+        if step is None or step == self._committed_step:
+            step, states = self._committed_step, list(self._committed_states)
+        else:
+            states = list(self._pending[step][1])
         deferred = [rank for rank, state in enumerate(states) if COMPLETION_KEY in state]
         results = await asyncio.gather(
             *(
@@ -289,57 +332,73 @@ class DataCoordinator:
         for rank, result in zip(deferred, results):
             if isinstance(result, BaseException):
                 logger.warning(
-                    "rank %d did not complete its committed state (%s); the checkpoint keeps it as handed out "
-                    "(exact; its restore encodes the packing buffers' samples again)", rank, result,
+                    "rank %d did not complete its state of step %d (%s); the checkpoint keeps it as handed out "
+                    "(exact; its restore encodes the packing buffers' samples again)", rank, step, result,
                 )
                 result = without_completion_key(states[rank])
                 self._saved_deferred += 1
             if self._committed_states[rank] is states[rank]:  # not committed past it meanwhile
                 self._committed_states[rank] = result
+            if step in self._pending and self._pending[step][1][rank] is states[rank]:
+                self._pending[step][1][rank] = result  # completed once, also for its commit
             states[rank] = result
         return step, states
 
     async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
-        """Restore every rank from a checkpoint, all or nothing; only before the first step.
+        """Restore every rank from a checkpoint, all or nothing; on a live coordinator, a rewind.
 
         ``reweight``: a mixture source whose member weights changed (nothing else) continues
         with the new weights from every member's restored position (see
         ``EnergonSFTDataLoader.load_state_dict``); the rank states record the change.
 
-        Refuses (``ValueError``, nothing restored) another format, another placement layout
+        Refuses (``ValueError``, nothing changed) another format, another placement layout
         (number of logical shards, bundles, strategy) and any rank whose loader identity
-        differs, listing the differences; the DP size may differ (it divides the shards). Allowed again
-        before the first step after a restore. A rank that dies while restoring is replaced
+        differs, listing the differences; the DP size may differ (it divides the shards).
+        Refuses (``RuntimeError``) a call while another restore is in flight. Once steps were
+        handed out, the restore is a rewind (see the module doc: pending and prefetched steps
+        are dropped, fresh rank actors restore). A rank that dies while restoring is replaced
         and restored again; if the restore still fails, steps are refused until one succeeds.
         """
-        await self._ensure_ready()
-        async with self._lock:
-            if self._producing or self._next_calls:
-                raise RuntimeError(
-                    f"load_state_dict after next_step was called (last step handed out: {self._handed_step}); "
-                    "restore a checkpoint into a fresh coordinator, or right after a restore, before next_step"
-                )
-            state = upgrade_layout_v1(state)  # saved before the consumer layout left the data layout
-            self._check_checkpoint(state, reweight)
-            self._restore_failure = f"restoring the checkpoint of step {state['step']} did not finish"
-            try:
-                await asyncio.gather(
-                    *(self._restore_rank(rank, saved, reweight) for rank, saved in enumerate(state["ranks"]))
-                )
-            except BaseException as error:
-                self._restore_failure = f"restoring the checkpoint of step {state['step']} failed: {error}"
-                raise
-            self._restore_failure = None
-            # the states the ranks hold now (a re-weighted mixture records its new weights)
-            self._committed_states = list(await asyncio.gather(
-                *(self._await(a.state_dict.remote(), self._config.control_timeout_s, r, "describing its restored state")
-                  for r, a in enumerate(self._ranks))
-            )) if reweight else [without_completion_key(saved) for saved in state["ranks"]]
-            self._committed_step = self._handed_step = int(state["step"])
-            self._pending.clear()
-            self._dp_refs.clear()
-            self._metrics.record_restore("checkpoint")
-            self._metrics.record_committed(self._committed_step)
+        if self._restoring:
+            raise RuntimeError(
+                "load_state_dict refused: another restore of this coordinator is in flight; wait for it "
+                "(one process, e.g. DP rank 0, restores; the others wait for it)"
+            )
+        self._restoring = True
+        try:
+            await self._ensure_ready()
+            async with self._lock:
+                await self._restore(upgrade_layout_v1(state), reweight)  # v1: consumer layout inside the data layout
+        finally:
+            self._restoring = False
+
+    async def _restore(self, state: dict[str, Any], reweight: bool) -> None:
+        self._check_checkpoint(state, reweight)
+        rewind = self._producing or bool(self._next_calls) or bool(self._recoveries)
+        self._restore_failure = f"restoring the checkpoint of step {state['step']} did not finish"
+        try:
+            if rewind:
+                self._renew_ranks()
+            await asyncio.gather(*(self._restore_rank(rank, saved, reweight) for rank, saved in enumerate(state["ranks"])))
+        except BaseException as error:
+            self._restore_failure = f"restoring the checkpoint of step {state['step']} failed: {error}"
+            raise
+        self._restore_failure = None
+        # the states the ranks hold now (a re-weighted mixture records its new weights)
+        self._committed_states = list(await asyncio.gather(
+            *(self._await(a.state_dict.remote(), self._config.control_timeout_s, r, "describing its restored state")
+              for r, a in enumerate(self._ranks))
+        )) if reweight else [without_completion_key(saved) for saved in state["ranks"]]
+        self._committed_step = self._handed_step = int(state["step"])
+        self._pending.clear()
+        self._dp_refs.clear()
+        self._producing = False
+        if rewind:
+            self._rewinds += 1
+        else:
+            self._origin = (self._committed_step, list(self._committed_states))
+        self._metrics.record_restore("rewind" if rewind else "checkpoint")
+        self._metrics.record_committed(self._committed_step)
 
     async def save_checkpoint(self, directory: str) -> str:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node)."""
@@ -370,6 +429,7 @@ class DataCoordinator:
             "restarts": list(self._restarts),
             "recovering_ranks": sorted(self._recoveries),
             "restore_failure": self._restore_failure,
+            "rewinds": self._rewinds,
             # rank states checkpoints hold without the packing buffers' samples (a rank could
             # not complete them): exact, their restore encodes those samples again
             "states_saved_deferred": self._saved_deferred,
@@ -542,6 +602,16 @@ class DataCoordinator:
         restore = actor.load_state_dict.remote(self._committed_states[rank])
         self._recoveries[rank] = _Recovery(restore=restore, step=self._committed_step + 1)
 
+    def _renew_ranks(self) -> None:
+        """A rewind: kill every rank actor and start fresh ones (new names, nothing restored, no
+        death counted); every outstanding call and recovery is dropped with the old actors."""
+        for actor in self._ranks:
+            ray.kill(actor, no_restart=True)
+        self._next_calls.clear()
+        self._recoveries.clear()
+        self._instance = os.urandom(3).hex()  # the old names are freed asynchronously
+        self._ranks = [self._spawn(rank) for rank in range(len(self._ranks))]
+
     def _respawn(self, rank: int, cause: BaseException, during: str) -> Any:
         """Count the death of rank's actor and start a fresh one in its bundle (nothing restored)."""
         self._next_calls.pop(rank, None)
@@ -629,7 +699,7 @@ def start_data_coordinator(
     """Create the named coordinator actor, wait until every rank is ready; return its handle."""
     handle = (
         ray.remote(DataCoordinator)
-        .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0)
+        .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0, lifetime=config.lifetime)
         .remote(config, loader_spec, placement_group, bundle_of_rank)
     )
     try:

@@ -31,7 +31,7 @@ RANK_TAGS = ("coordinator", "rank")
 COORDINATOR_TAGS = ("coordinator",)
 RESTORE_TAGS = ("coordinator", "kind")
 STEP_LATENCY_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
-RestoreKind = Literal["checkpoint", "rank_recovery"]
+RestoreKind = Literal["checkpoint", "rewind", "rank_recovery"]
 
 
 @dataclass(frozen=True)
@@ -191,5 +191,5 @@ class CoordinatorMetrics:
         _definitions().coordinator_committed_step.set(step, self._tags)
 
     def record_restore(self, kind: RestoreKind) -> None:
-        """A checkpoint was loaded or a dead rank was replaced and restored."""
+        """A checkpoint was loaded (into fresh ranks, or as a rewind) or a dead rank was replaced and restored."""
         _definitions().coordinator_restores.inc(1, {**self._tags, "kind": kind})

@@ -7,6 +7,7 @@
     ...                                        # generate; on failure: rollout.release([p.uid])
     trainer.ack([p.uid for p in trained])      # or trainer.drop(uids, "uniform_reward")
     trainer.save_checkpoint("/ckpt/step_100/data")
+    trainer.load_checkpoint("/ckpt/step_100/data")   # on resume: a fresh feed, or this live one (a rewind)
 
 Every call waits at most ``timeout_s`` (``take`` also its ``wait_s``) and raises
 ``ray.exceptions.GetTimeoutError`` past it. A ``take`` that timed out on the client side may
@@ -81,8 +82,24 @@ class TrainerClient(_FeedCalls):
         return self._get(self.handle.save_checkpoint.remote(directory))
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        """Restore a fresh feed (before its first take) from ``directory``; return the ledger summary."""
+        """Restore the feed from ``directory`` (on the feed's node); return the ledger summary.
+
+        Into a fresh feed, or a live one (a rewind, e.g. when the trainer resumes after a crash):
+        every prompt outstanding or prefetched is forgotten and the checkpoint's unresolved
+        prompts are handed out again; acks of uids handed out before it raise ``UidStateError``
+        until they are handed out again. A refused checkpoint (another dataset, layout or
+        format: ``ValueError`` with the differences) changes nothing; a second restore while
+        one is in flight raises ``RuntimeError``.
+        """
         return self._get(self.handle.load_checkpoint.remote(directory))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The feed's checkpoint as data (write it where the trainer's checkpoint lives)."""
+        return self._get(self.handle.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint returned by :meth:`state_dict` (see :meth:`load_checkpoint`)."""
+        self._get(self.handle.load_state_dict.remote(state))
 
 
 class FeedClients(NamedTuple):

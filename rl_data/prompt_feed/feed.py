@@ -16,7 +16,7 @@ the ledger's (see :mod:`rl_data.prompt_feed.ledger`):
   ``min(n, max_outstanding)`` prompts, then **returns as many as fit**, possibly fewer than n
   or none (the window stayed full). It never waits for data beyond the producers' own latency;
 * the checkpoint (``save_checkpoint``) is the producers' state at the low-water mark plus the
-  resolved uids above it; ``load_checkpoint`` into a fresh feed hands out again every prompt
+  resolved uids above it; after ``load_checkpoint`` the feed hands out again every prompt
   unresolved at checkpoint time, in uid order, never a resolved one. Epochs are exact passes;
   a source in ``virtual`` mode (a mixture of datasets, which has no passes) is one endless
   epoch 0, and every uid ``(0, position)`` is still handed out, resolved and restored exactly once.
@@ -40,11 +40,19 @@ Runtime:
 * Checkpoints are written atomically with the project's checkpoint files on the feed's node
   and refuse another placement layout or loader identity (nothing is restored then). A restore
   that fails part way refuses ``take`` until a restore succeeds.
+* A restore works on a fresh feed (cheap: the rank actors load the states) and on a live one
+  (a **rewind**, e.g. a trainer that crashed and resumes from its last checkpoint): once the
+  checkpoint passed its checks, every outstanding, released and prefetched prompt is forgotten,
+  every rank actor is replaced by a fresh one in its bundle (not counted as a rank death), and
+  the ledger is rebuilt from the checkpoint. Holders and hand-out times are forgotten: resolving
+  a uid handed out before the rewind raises ``UidStateError`` until the feed hands it out again.
+  One restore at a time: a second ``load_state_dict`` while one is in flight is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import Counter
@@ -79,7 +87,7 @@ from rl_data.distributed.rank_actor import RankActor
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
 from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.metrics import FeedMetrics
-from rl_data.prompt_feed.producers import RankProducer
+from rl_data.prompt_feed.producers import RankProducer, check_producer_state
 
 CHECKPOINT_FORMAT = "rl_data.prompt_feed"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -172,6 +180,7 @@ class PromptFeed:
         else:
             self._placement = adopt_placement_group(placement_group, bundle_of_rank or (), config)
         self._instance = os.urandom(3).hex()
+        self._rewinds = 0  # rank actors replaced by a rewind (part of their names)
         self._restarts = [0] * config.world_size
         self._ranks = [self._spawn(rank) for rank in range(config.world_size)]
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-feed")
@@ -180,7 +189,8 @@ class PromptFeed:
         self._initial_states: list[dict[str, Any]] = []
         self._producers: list[RankProducer] = []
         self._ledger: Optional[PromptLedger] = None
-        self._taking = False  # take was called since creation or the last restore
+        self._fresh_ranks = True  # no rank actor produced a batch (no take since they were spawned)
+        self._restoring = False  # a load_checkpoint/load_state_dict is in flight
         self._restore_failure: Optional[str] = None
         self._handed_at: dict[Uid, float] = {}  # outstanding uid -> when handed out, oldest first
         self._holder_of: dict[Uid, str] = {}  # outstanding uid -> the holder named in its take
@@ -216,7 +226,7 @@ class PromptFeed:
                 except asyncio.TimeoutError:
                     pass  # the lock is held again: take what fits
             self._refuse_if_restore_failed("take")
-            self._taking = True
+            self._fresh_ranks = False
             taken = PooledList(await self._in_thread(self._ledger.take, n))
             now = time.monotonic()
             for prompt in taken:
@@ -309,33 +319,54 @@ class PromptFeed:
             }
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint, all or nothing, before the first ``take`` (after creation or a restore).
+        """Restore a checkpoint, all or nothing, into a fresh feed or a live one (a rewind, see the module doc).
 
-        Refuses (``ValueError``, nothing restored) another format, placement layout or loader
-        identity. If restoring the ranks fails part way, ``take`` is refused until a restore succeeds.
+        Refuses (``ValueError``, nothing changed: a live feed keeps serving) another format,
+        placement layout or loader identity, or a malformed checkpoint; refuses (``RuntimeError``)
+        a call while another restore of this feed is in flight. If restoring the ranks fails
+        part way, ``take`` and the resolving calls are refused until a restore succeeds.
         """
+        with self._restore_slot():
+            await self._restore(state)
+
+    async def _restore(self, state: dict[str, Any]) -> None:
         await self._ensure_ready()
         async with self._changed:
-            if self._taking:
-                raise RuntimeError(
-                    "load_state_dict after take was called; restore a checkpoint into a fresh feed "
-                    "(or right after a restore), before its first take"
-                )
             self._check_checkpoint(state)
-            ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
+            rewind = not self._fresh_ranks
             self._restore_failure = "restoring a checkpoint did not finish"
             try:
+                if rewind:
+                    self._respawn_ranks()
+                ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
                 await self._in_thread(ledger.load_state_dict, state["ledger"])
             except BaseException as error:
                 self._restore_failure = f"restoring a checkpoint failed: {error}"
+                self._fresh_ranks = False  # respawn on the next attempt: no rank state is trusted
                 raise
             self._restore_failure = None
             self._ledger = ledger
             self._summary = ledger.summary()
             self._handed_at.clear()
             self._holder_of.clear()
-            self._metrics.record_restore("checkpoint")
+            self._metrics.record_restore("rewind" if rewind else "checkpoint")
             self._record_levels()
+            self._changed.notify_all()  # takes waiting for room see the emptied window
+
+    @contextlib.contextmanager
+    def _restore_slot(self) -> Any:
+        """Hold the feed's one restore slot; refuse a second restore instead of queueing it."""
+        if self._restoring:
+            raise RuntimeError(
+                "load_state_dict/load_checkpoint refused: another restore of this feed is in flight; "
+                "expected one restore at a time: wait for the first one to return (it raises if it "
+                "failed), then restore again if needed"
+            )
+        self._restoring = True
+        try:
+            yield
+        finally:
+            self._restoring = False
 
     async def save_checkpoint(self, directory: str) -> str:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node); return the file."""
@@ -344,11 +375,13 @@ class PromptFeed:
         return str(await asyncio.get_running_loop().run_in_executor(None, save_checkpoint_file, path, state))
 
     async def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        """Load a checkpoint written by :meth:`save_checkpoint`; return the restored ledger summary."""
-        path = checkpoint_path(directory)
-        state = await asyncio.get_running_loop().run_in_executor(None, load_checkpoint_file, path)
-        await self.load_state_dict(state)
-        return dict(self._summary)
+        """Load a checkpoint written by :meth:`save_checkpoint` (into a fresh or a live feed, as
+        :meth:`load_state_dict`); return the restored ledger summary."""
+        with self._restore_slot():
+            path = checkpoint_path(directory)
+            state = await asyncio.get_running_loop().run_in_executor(None, load_checkpoint_file, path)
+            await self._restore(state)
+            return dict(self._summary)
 
     async def shutdown(self) -> None:
         """Kill the rank actors and remove the placement group if this feed made it."""
@@ -384,13 +417,7 @@ class PromptFeed:
                     "RuntimeConfig.control_timeout_s if they are only slow"
                 ) from None
             self._initial_states = list(states)
-            self._producers = [
-                RankProducer(
-                    rank, self._ranks[rank], state, replace=self._replace,
-                    batch_timeout_s=self._config.step_timeout_s, control_timeout_s=timeout,
-                )
-                for rank, state in enumerate(states)
-            ]  # fmt: skip
+            self._producers = [self._producer(rank, state) for rank, state in enumerate(states)]
             self._ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
             self._summary = self._ledger.summary()
             self._gauges = asyncio.get_running_loop().create_task(self._update_gauges())
@@ -469,6 +496,18 @@ class PromptFeed:
             lines = restore_differences(saved["loader"].get("identity"), current.get("identity"))
             if lines:
                 raise ValueError(f"rank {rank}: Energon loader identity changed: " + "; ".join(lines))
+            check_producer_state(rank, saved)
+        self._ledger.check_state_dict(ledger)
+
+    def _respawn_ranks(self) -> None:
+        """Replace every rank actor by a fresh one in its bundle, with fresh producers (a rewind:
+        not a rank death). New names: ``ray.kill`` frees the old ones asynchronously."""
+        for actor in self._ranks:
+            ray.kill(actor, no_restart=True)
+        self._rewinds += 1
+        self._ranks = [self._spawn(rank) for rank in range(self._config.world_size)]
+        self._producers = [self._producer(rank, state) for rank, state in enumerate(self._initial_states)]
+        self._fresh_ranks = True
 
     def _replace(self, rank: int, cause: BaseException) -> Any:
         """Kill rank's actor, start a fresh one in its bundle (the producer restores it); on the worker thread."""
@@ -478,12 +517,19 @@ class PromptFeed:
         self._metrics.record_restore("rank_recovery")
         return self._ranks[rank]
 
+    def _producer(self, rank: int, initial_state: dict[str, Any]) -> RankProducer:
+        return RankProducer(
+            rank, self._ranks[rank], initial_state, replace=self._replace,
+            batch_timeout_s=self._config.step_timeout_s, control_timeout_s=self._config.control_timeout_s,
+        )  # fmt: skip
+
     def _spawn(self, rank: int) -> Any:
         return spawn_rank_actor(self._config, self._spec, self._placement, rank, self._rank_actor_name(rank))
 
     def _rank_actor_name(self, rank: int) -> str:
-        """``<feed name>.<instance>.rank<r>.<replacements so far>`` (listed in :meth:`status`)."""
-        return f"{self._config.name}.{self._instance}.rank{rank}.{self._restarts[rank]}"
+        """``<feed name>.<instance>[-w<rewinds>].rank<r>.<deaths so far>`` (listed in :meth:`status`)."""
+        instance = f"{self._instance}-w{self._rewinds}" if self._rewinds else self._instance
+        return f"{self._config.name}.{instance}.rank{rank}.{self._restarts[rank]}"
 
 
 def start_prompt_feed(
@@ -498,7 +544,7 @@ def start_prompt_feed(
     check_prompt_spec(loader_spec)
     handle = (
         ray.remote(PromptFeed)
-        .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0)
+        .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0, lifetime=config.lifetime)
         .remote(config, loader_spec, feed_config, placement_group, bundle_of_rank)
     )
     try:

@@ -221,6 +221,11 @@ class PromptLedger:
             ],  # fmt: skip
         }
 
+    def check_state_dict(self, state: Any) -> None:
+        """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` for its form
+        (format, version, keys, producer count, cursor, uids, counters); changes nothing."""
+        self._checked_state(state)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint (and the producers) before the first ``take``; all or nothing."""
         if self._started:

@@ -4,7 +4,8 @@ Every series has the tag ``feed`` (the feed's ``RuntimeConfig.name``):
 
 * counters ``rl_data_feed_taken`` (prompts handed out, re-hand-outs included),
   ``rl_data_feed_acks``, ``rl_data_feed_drops`` (also tagged ``reason``), ``rl_data_feed_releases``,
-  ``rl_data_feed_restores`` (tag ``kind``: ``checkpoint`` or ``rank_recovery``);
+  ``rl_data_feed_restores`` (tag ``kind``: ``checkpoint`` into a fresh feed, ``rewind`` of a
+  live feed, or ``rank_recovery``);
 * gauges ``rl_data_feed_outstanding`` (prompts handed out and unresolved),
   ``rl_data_feed_oldest_outstanding_age_seconds`` (0 with none outstanding),
   ``rl_data_feed_low_water_mark_epoch`` and ``rl_data_feed_low_water_mark_position`` (the oldest
@@ -84,7 +85,7 @@ class FeedMetrics:
         if count:
             _definitions().releases.inc(count, self._tags)
 
-    def record_restore(self, kind: Literal["checkpoint", "rank_recovery"]) -> None:
+    def record_restore(self, kind: Literal["checkpoint", "rewind", "rank_recovery"]) -> None:
         _definitions().restores.inc(1, {**self._tags, "kind": kind})
 
     def record_levels(

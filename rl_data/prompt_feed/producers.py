@@ -53,6 +53,19 @@ def batch_rows(batch: Any) -> list[Item]:
     return rows
 
 
+def check_producer_state(rank: int, state: Any) -> None:
+    """Refuse (``ValueError``) a producer state that is not ``{"loader", "offset", "pass"}`` with
+    int offset and pass >= 0 (the loader state itself is the rank actor's to check)."""
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"rank {rank} producer state has keys {found}, expected {sorted(STATE_KEYS)}")
+    if any(type(state[k]) is not int or state[k] < 0 for k in ("offset", "pass")):
+        raise ValueError(
+            f"rank {rank} producer state has offset {state['offset']!r} and pass {state['pass']!r}, "
+            "expected ints >= 0; the checkpoint is damaged"
+        )
+
+
 def batch_pass(state_after: Any) -> int:
     """The exact pass a batch belongs to, from the loader state right after it."""
     position = state_after.get("position") if isinstance(state_after, dict) else None
@@ -96,14 +109,7 @@ class RankProducer:
 
     def restore(self, state: Any) -> None:
         """Load ``state["loader"]`` into the rank actor (which must not have started yet)."""
-        if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
-            found = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"rank {self.rank} producer state has keys {found}, expected {sorted(STATE_KEYS)}")
-        if type(state["offset"]) is not int or state["offset"] < 0 or type(state["pass"]) is not int:
-            raise ValueError(
-                f"rank {self.rank} producer state has offset {state['offset']!r} and pass {state['pass']!r}, "
-                "expected ints >= 0; the checkpoint is damaged"
-            )
+        check_producer_state(self.rank, state)
         self._load(state["loader"])
         self._base, self._offset, self._pass = state["loader"], state["offset"], state["pass"]
         self._rows = self._after = self._call = None

@@ -1,0 +1,211 @@
+"""DataCoordinator rewind: a checkpoint loaded into a live coordinator, at every step; its origin;
+a restore refused while another is in flight; a refused checkpoint changes nothing; lifetimes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distributed_fixtures import (
+    TIMEOUT_S,
+    consume,
+    reference_stream,
+    running_coordinator,
+    runtime_config,
+    train_spec,
+    wait_for,
+)
+from energon_fixtures import write_chat_dataset
+from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, get_coordinator, wait_until_name_is_free
+
+STEPS = 6  # across the 5-batch virtual epoch boundary of train_spec
+
+PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
+
+
+def _spec(dataset, workers: int, packed: bool):
+    if not packed:
+        return train_spec(dataset, workers)
+    energon = {**PACKING, "num_workers": workers}
+    return train_spec(dataset, data_config={"energon": energon, "shuffle": True}, packing_algorithm="first_fit_decreasing")
+
+
+@pytest.mark.parametrize(
+    "workers,packed,prefetch_depth",
+    [
+        (0, False, 0),
+        (2, True, 2),
+        pytest.param(0, True, 1, marks=pytest.mark.slow),
+        pytest.param(2, False, 0, marks=pytest.mark.slow),
+    ],
+)
+def test_rewind_at_every_step_continues_exactly(ray_session, energon_dataset, tokenizer, workers, packed, prefetch_depth):
+    """Rewind a live coordinator (a step pending, ranks prefetching) to the checkpoint of every
+    step s = STEPS-1 .. 0 and take the rest: the ids equal the uninterrupted run's, in order."""
+    ray = ray_session
+    spec, config = _spec(energon_dataset, workers, packed), runtime_config(2, prefetch_depth)
+    expected = reference_stream(spec, config, tokenizer, STEPS)
+    with running_coordinator(ray, config, spec) as coordinator:
+        states = [ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)]
+        for step in range(STEPS):
+            assert consume(ray, coordinator, 1) == expected[step : step + 1]
+            states.append(ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S))
+        for rewind_to in range(STEPS - 1, -1, -1):
+            consume(ray, coordinator, 1, commit=False)  # a pending step, and prefetched ones, are dropped
+            before = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["rank_actor_names"]
+            ray.get(coordinator.load_state_dict.remote(states[rewind_to]), timeout=TIMEOUT_S)
+            progress = ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)
+            assert (progress["committed_step"], progress["handed_step"]) == (rewind_to, rewind_to)
+            assert consume(ray, coordinator, STEPS - rewind_to) == expected[rewind_to:], f"rewound to step {rewind_to}"
+            status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+            assert set(status["rank_actor_names"]).isdisjoint(before)  # fresh rank actors
+        assert status["restarts"] == [0, 0] and status["rewinds"] == STEPS  # rewinds are not rank deaths
+        assert progress["origin_step"] == 0
+
+
+def test_rewind_drops_pending_steps_and_refuses_their_commits(ray_session, energon_dataset, tokenizer):
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    expected = reference_stream(spec, config, tokenizer, 4)
+    with running_coordinator(ray, config, spec) as coordinator:
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        assert [client.next_step()[0] for _ in range(2)] == [1, 2]
+        client.commit(1)
+        checkpoint = client.state_dict()
+        step, stale_refs = client.next_step()  # step 3 pending, its refs held by this consumer
+        after_three = client.state_dict(step=3)  # the checkpoint after a pending step, before its commit
+        assert after_three["step"] == 3
+        with pytest.raises(ValueError, match=r"no checkpoint of step 4: the last committed step is 1 and the pending steps are 2..3"):
+            client.state_dict(step=4)
+        assert client.load_state_dict(checkpoint) == 1
+        # the dropped steps: a commit or re-delivery is refused, naming what is pending
+        with pytest.raises(ValueError, match=r"cannot commit step 3: the last step handed out is 1"):
+            client.commit(3)
+        with pytest.raises(ValueError, match=r"cannot re-deliver step 2: the pending steps \(handed out, not committed\) are none"):
+            client.redeliver(2)
+        with pytest.raises(ValueError, match=r"cannot hand out step 4: the pending steps are none and the next new step is 2"):
+            client.next_step(expected_step=4)
+        # refs handed out before the rewind stay readable while held (the data of the old step 3)
+        assert [list(b["source_ids"]) for b in ray.get(stale_refs, timeout=TIMEOUT_S)] == expected[2]
+        # every DP worker asks for the same step and gets the same refs; one commits
+        first = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S).next_step(expected_step=2)
+        second = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S).next_step(expected_step=2)
+        assert first[0] == second[0] == 2 and first[1] == second[1]
+        assert [list(b["source_ids"]) for b in ray.get(first[1], timeout=TIMEOUT_S)] == expected[1]
+        client.commit(2)
+        assert consume(ray, coordinator, 2) == expected[2:4]
+        client.load_state_dict(after_three)
+        assert consume(ray, coordinator, 1) == expected[3:4]
+
+
+def test_a_second_restore_while_one_is_in_flight_is_refused(ray_session, energon_dataset):
+    ray = ray_session
+    with running_coordinator(ray, runtime_config(2, 1), train_spec(energon_dataset)) as coordinator:
+        consume(ray, coordinator, 2)
+        checkpoint = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+        consume(ray, coordinator, 1)
+        first = coordinator.load_state_dict.remote(checkpoint)  # a rewind: rank actors start again
+        second = coordinator.load_state_dict.remote(checkpoint)
+        with pytest.raises(RuntimeError, match=r"load_state_dict refused: another restore of this coordinator is in flight"):
+            ray.get(second, timeout=TIMEOUT_S)
+        ray.get(first, timeout=TIMEOUT_S)
+        assert ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)["committed_step"] == 2
+        # once it finished, restoring again is allowed
+        ray.get(coordinator.load_state_dict.remote(checkpoint), timeout=TIMEOUT_S)
+
+
+def test_a_refused_checkpoint_leaves_the_live_coordinator_untouched(ray_session, energon_dataset, tokenizer, tmp_path_factory, chat_conversations):
+    ray = ray_session
+    other = write_chat_dataset(tmp_path_factory.mktemp("rewind_other"), chat_conversations[240:480], samples_per_shard=12)
+    config = runtime_config(2, 1)
+    with running_coordinator(ray, config, train_spec(other)) as coordinator:
+        foreign = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    spec = train_spec(energon_dataset)
+    expected = reference_stream(spec, config, tokenizer, 4)
+    with running_coordinator(ray, config, spec) as coordinator:
+        assert consume(ray, coordinator, 2) == expected[:2]
+        consume(ray, coordinator, 1, commit=False)  # step 3 pending
+        names = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["rank_actor_names"]
+        with pytest.raises(ValueError, match=r"rank 0: Energon loader identity changed: dataset.index_uuid"):
+            ray.get(coordinator.load_state_dict.remote(foreign), timeout=TIMEOUT_S)
+        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        assert status["rank_actor_names"] == names and status["rewinds"] == 0
+        assert (status["committed_step"], status["handed_step"]) == (2, 3)
+        step, refs = ray.get(coordinator.next_step.remote(expected_step=3), timeout=TIMEOUT_S)  # re-delivered
+        assert [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)] == expected[2]
+        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+        assert consume(ray, coordinator, 1) == expected[3:4]
+
+
+def test_origin_is_the_start_or_the_checkpoint_loaded_before_the_first_step(ray_session, energon_dataset, tokenizer):
+    ray = ray_session
+    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
+    expected = reference_stream(spec, config, tokenizer, 5)
+    with running_coordinator(ray, config, spec) as coordinator:
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        assert client.origin_state_dict()["step"] == 0
+        consume(ray, coordinator, 2)
+        at_two = client.state_dict()
+        consume(ray, coordinator, 2)
+        client.load_state_dict(client.origin_state_dict())  # start over
+        assert consume(ray, coordinator, 1) == expected[:1]
+    with running_coordinator(ray, config, spec) as coordinator:
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        client.load_state_dict(at_two)  # before the first step: the new origin
+        assert consume(ray, coordinator, 2) == expected[2:4]
+        client.load_state_dict(at_two)  # a rewind keeps the origin
+        assert client.progress() == {"committed_step": 2, "handed_step": 2, "origin_step": 2, "rewinds": 1}
+        consume(ray, coordinator, 2)
+        client.load_state_dict(client.origin_state_dict())
+        assert consume(ray, coordinator, 3) == expected[2:5]
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, types, ray
+    from distributed_fixtures import runtime_config, train_spec
+    from rl_data.distributed.coordinator import start_data_coordinator
+
+    address, path, name, lifetime = sys.argv[1:5]
+    ray.init(address=address, namespace="rl_data_tests", log_to_driver=False)
+    config = runtime_config(1, 0, name=name, lifetime=None if lifetime == "none" else lifetime)
+    start_data_coordinator(config, train_spec(types.SimpleNamespace(path=path)))
+    print("started", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("lifetime", ["detached", "none"])
+def test_a_detached_coordinator_outlives_the_driver_that_started_it(ray_session, energon_dataset, lifetime):
+    ray = ray_session
+    name = f"rewind_lifetime_{lifetime}"
+    address = ray._private.worker.global_worker.node.address
+    tests = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, address, str(energon_dataset.root), name, lifetime],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr[-3000:]
+    if lifetime == "none":  # the driver's exit took its coordinator (and rank actors) with it
+        def gone() -> bool:
+            try:
+                get_coordinator(name, "rl_data_tests")
+            except CoordinatorNotFoundError:
+                return True
+            return False
+
+        wait_for(gone, "the non-detached coordinator to die with its driver")
+        return
+    handle = get_coordinator(name, "rl_data_tests")
+    try:
+        client = CoordinatorClient(handle, timeout_s=TIMEOUT_S)
+        assert client.next_step()[0] == 1
+    finally:
+        ray.get(handle.shutdown.remote(), timeout=TIMEOUT_S)  # the clean-up rule: shutdown, then kill
+        ray.kill(handle, no_restart=True)
+        wait_until_name_is_free(name, "rl_data_tests", TIMEOUT_S)
