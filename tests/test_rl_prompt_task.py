@@ -120,13 +120,14 @@ def prompt_dataset(tmp_path_factory):
     return root, split_keys, {key: json.loads(members["json"]) for key, members in samples}
 
 
-def _loader(root, tokenizer, *, num_workers=0, padding="left", rank=0, world=1, batch_size=4, split_role="train"):
+def _loader(root, tokenizer, *, num_workers=0, padding="left", rank=0, world=1, batch_size=4, split_role="train", **data):
     energon = {"task_encoder": "rl_prompt", "num_workers": num_workers, "shuffle_buffer_size": 6,
                "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.5}
     arguments = {**SINGLE_RANK_UNPACKED, "logical_rank": rank, "logical_world_size": world,
                  "placement_fingerprint": f"placement-{world}"}
+    task = {"generation_padding": padding, **data.pop("task", {})}
     return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": padding}},
+        data_config={"energon": energon, "shuffle": True, "task": task, **data},
         source={"path": str(root), "split": "train" if split_role == "train" else "val", "epoch_mode": "exact"},
         processor=tokenizer, batch_size=batch_size, max_sequence_length=MAX_LEN, split_role=split_role, **arguments,
     )
@@ -158,6 +159,24 @@ def test_batches_hold_exactly_the_datum_spec_fields(prompt_dataset, tokenizer):
         assert batch["stop_strings"][row] is None
         assert batch["length"][row] == sum(len(m["token_ids"]) for m in log) == batch["input_lengths"][row]
         assert sample["messages"][0]["content"] in log[0]["content"]
+
+
+def test_prompt_messages_carry_the_plain_prompt_after_the_task_prompts(prompt_dataset, tokenizer):
+    """For trainers that apply the chat template themselves (TRL): the same prompt, not templated."""
+    root, _, stored = prompt_dataset
+    system = "Solve the problem. End with '#### <answer>'."
+    loader = _loader(root, tokenizer, split_role="validation", task={"prompt_messages": True}, system_prompt=system)
+    identity = loader.state_dict()["identity"]
+    batch = _one_pass(loader)[0]
+    for row, key in enumerate(batch["source_ids"]):
+        messages = [{"role": "system", "content": system}, *stored[key]["messages"]]
+        assert batch["messages"][row] == messages
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert "".join(m["content"] for m in batch["message_log"][row]) == rendered
+    assert identity["task"]["config"] == {"generation_padding": "left", "prompt_messages": True}
+    default = _loader(root, tokenizer, split_role="validation")  # off: the identity is the one saved before the option
+    assert default.state_dict()["identity"]["task"]["config"] == {"generation_padding": "left"}
+    default.close()
 
 
 def test_the_prompt_ends_with_the_generation_prompt(tokenizer):

@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 
 import torch
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
+from pydantic import model_serializer
 
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.distributed.metrics import BatchStats
@@ -28,6 +29,7 @@ from rl_data.energon.task_encoders.cookers import decode_record
 from rl_data.preprocess.adapters import register_adapter
 from rl_data.preprocess.validation import RowRejected, validate_conversation
 from rl_data.tasks.base import DemoData, SampleSchema, Task, TaskConfig
+from rl_data.tokenization.chat import apply_task_data_spec
 
 KIND = "rl_prompt"
 #: ``task_name`` of rows that do not name one (NeMo-RL's math environment).
@@ -190,6 +192,7 @@ class EncodedRLPrompt(Sample):
     idx: int
     task_name: str
     stop_strings: Optional[list[str]]
+    messages: Optional[list[dict[str, Any]]]
 
 
 class RLPromptCooker:
@@ -220,9 +223,23 @@ class RLPromptCooker:
 class RLPromptConfig(TaskConfig):
     """``generation_padding``: batches also carry ``input_ids`` ``[B, max length]`` (the flattened
     message logs padded on that side with the pad token) and ``input_lengths`` ``[B]``; ``"none"``
-    leaves them out."""
+    leaves them out.
+
+    ``prompt_messages``: batches also carry ``messages``, each prompt as plain chat messages (role,
+    text) after the task prompts (``system_prompt``, ``prompt``): what a trainer that applies the
+    chat template itself (TRL) takes. Recorded in the loader identity only when on, so identities
+    saved before the option existed still match.
+    """
 
     generation_padding: Literal["left", "right", "none"] = "left"
+    prompt_messages: bool = False
+
+    @model_serializer(mode="wrap")
+    def _identity_fields(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.prompt_messages:
+            data.pop("prompt_messages", None)
+        return data
 
 
 class RLPromptTaskEncoder(BaseSFTTaskEncoder):
@@ -230,8 +247,8 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
 
     Batch columns: ``message_log`` (lists), ``length`` (int64 ``[B]``), ``extra_env_info`` (dicts),
     ``loss_multiplier`` (float32 ``[B]``, all 1), ``idx`` (int64 ``[B]``), ``task_name``,
-    ``stop_strings`` (lists or None), ``source_ids`` (sample keys), and per ``generation_padding``
-    ``input_ids`` / ``input_lengths``.
+    ``stop_strings`` (lists or None), ``source_ids`` (sample keys), per ``generation_padding``
+    ``input_ids`` / ``input_lengths``, and with ``prompt_messages`` the plain ``messages``.
 
     ``idx`` is the sample's index in its split: Energon's ``SourceInfo.index`` of the sample, its
     position in the split's shards (``.nv-meta/split.yaml`` order, per-shard counts from the
@@ -245,7 +262,9 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
     DEFAULT_COOKER = RLPromptCooker
     TENSOR_BATCHES = False
 
-    def __init__(self, *, generation_padding: Literal["left", "right", "none"] = "left", **options: Any) -> None:
+    def __init__(
+        self, *, generation_padding: Literal["left", "right", "none"] = "left", prompt_messages: bool = False, **options: Any
+    ) -> None:
         """``options``: those of :class:`BaseSFTTaskEncoder`, without packing. The adapter must
         add the generation prompt and no EOS (the task's ``adapter_overrides``)."""
         if options.get("packing_algorithm") is not None:
@@ -262,6 +281,7 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
         if generation_padding not in ("left", "right", "none"):
             raise ValueError(f"generation_padding must be 'left', 'right' or 'none', got {generation_padding!r}")
         self.generation_padding = generation_padding
+        self.prompt_messages = bool(prompt_messages)
 
     @stateless
     def encode_sample(self, sample: RLPromptSample) -> EncodedRLPrompt:
@@ -281,6 +301,7 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
             idx=int(sample.__sources__[0].index),
             task_name=sample.task_name,
             stop_strings=sample.stop_strings,
+            messages=apply_task_data_spec(sample.messages, self.adapter.task_data_spec) if self.prompt_messages else None,
         )
 
     @stateless
@@ -298,6 +319,8 @@ class RLPromptTaskEncoder(BaseSFTTaskEncoder):
         )
         if self.include_source_ids:
             batch["source_ids"] = [s.__key__ for s in samples]
+        if self.prompt_messages:
+            batch["messages"] = [s.messages for s in samples]
         if self.generation_padding != "none":
             batch["input_ids"] = padded_input_ids(
                 [s.message_log for s in samples], self.adapter.pad_token_id, left=self.generation_padding == "left"
