@@ -73,7 +73,7 @@ class FeedSource:
             step_timeout_s=self._timeout_s, control_timeout_s=self._timeout_s,
         )  # fmt: skip
         spec = LoaderSpec(
-            data_config={"energon": {"task_encoder": "rl_prompt", "shuffle_buffer_size": 64, "max_samples_per_sequence": 16},
+            data_config={"energon": {"task": "rl_prompt", "shuffle_buffer_size": 64, "max_samples_per_sequence": 16},
                          "shuffle": True, "system_prompt": SYSTEM_PROMPT, "task": {"generation_padding": "none"}},
             source={"path": self._dataset, "split": "train"},
             batch_size=self._batch_size, max_sequence_length=MAX_LENGTH,

@@ -1,7 +1,7 @@
 """The VLM workload: image questions with realistically sized photo-like JPEGs, on disk twice.
 
 Every sample is one user turn (a ``vlm_image_size`` x ``vlm_image_size`` JPEG, then a question
-about it) and one assistant answer (``rl_data.jobs.task_data``'s shapes, colours and question
+about it) and one assistant answer (``rl_data.demo_data``'s shapes, colours and question
 templates). The picture is photo-like rather than flat: a smooth random colour field (a few
 random pixels upscaled bicubically), mid-frequency texture, sensor-like noise, and the shape of
 ``shape_picture`` composited on top, saved as JPEG quality 90 (~40-60 KB at 448 x 448, like a
@@ -75,7 +75,7 @@ def photo_jpeg(row: int, size: int, seed: int) -> bytes:
     """Row ``row``'s deterministic photo-like JPEG (see the module docstring)."""
     from PIL import Image
 
-    from rl_data.jobs.task_data import SHAPES, COLORS, shape_picture
+    from rl_data.demo_data import SHAPES, COLORS, shape_picture
 
     rng = np.random.default_rng([seed, row])
     field = Image.fromarray(rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)).resize((size, size), Image.BICUBIC)
@@ -100,7 +100,7 @@ def _noise_tile(size: int, seed: int) -> np.ndarray:
 
 def sample_record(row: int) -> dict[str, Any]:
     """The canonical ``sft`` record of row ``row`` (its image is the member ``image.jpg``)."""
-    from rl_data.jobs.task_data import COLORS, QUESTIONS, SHAPES
+    from rl_data.demo_data import COLORS, QUESTIONS, SHAPES
 
     shape, color = SHAPES[row % len(SHAPES)], list(COLORS)[row // len(SHAPES) % len(COLORS)]
     question, answer = QUESTIONS[row // (len(SHAPES) * len(COLORS)) % 2]  # the third says "white background"
@@ -159,7 +159,7 @@ def _write(root: Path, settings: BenchSettings) -> float:
 
 def energon_block(settings: BenchSettings, workers: int) -> dict[str, Any]:
     """``data_config["energon"]`` of the VLM rank actors."""
-    return {"task_encoder": "vlm_sft", "num_workers": workers, "shuffle_buffer_size": 100, "max_samples_per_sequence": 100}
+    return {"task": "vlm_sft", "num_workers": workers, "shuffle_buffer_size": 100, "max_samples_per_sequence": 100}
 
 
 def loader_kwargs(workload: VlmWorkload, settings: BenchSettings, *, workers: int) -> dict[str, Any]:

@@ -14,6 +14,10 @@ iterator ends, ``iter()`` is called again (two empty epochs in a row end the str
    through ``torch.save`` / ``torch.load(weights_only=True)``), pulls the remaining
    ``steps - k`` batches and asserts they equal the reference: same sample ids in the same
    order (none missing, none duplicated) and equal tensors.
+
+:func:`assert_rewinds_at_every_step` is the same oracle for the step-based runtime (the
+coordinator, the prompt feed, a coordinator at another DP size): it drives one live component
+through ``take`` / ``save`` / ``restore`` callables and rewinds it to the state after every step.
 """
 
 from __future__ import annotations
@@ -150,3 +154,36 @@ def assert_restores_at_every_step(
 
     epoch_starts = [k for k in range(1, steps) if reference[k].epoch != reference[k - 1].epoch]
     return RestoreReport(steps=reference, epoch_starts=epoch_starts)
+
+
+def assert_rewinds_at_every_step(
+    take: Callable[[], Sequence[Any]],
+    save: Callable[[], Any],
+    restore: Callable[[Any], None],
+    steps: int,
+    *,
+    before_rewind: Callable[[], None] | None = None,
+) -> list[list[Any]]:
+    """Take ``steps`` steps (``take()``: one step's sample ids) saving the state after each
+    (``save()``), then, for k = steps - 1 .. 0, rewind the live component to the state after k
+    steps (``restore``, the state round-tripped through ``torch.save`` / ``torch.load(weights_only=True)``)
+    and take the rest: the ids must equal the uninterrupted run's, in order, none missing, none
+    repeated. ``before_rewind`` runs before each rewind (e.g. to leave a step pending). Returns
+    the reference ``[step] -> ids``."""
+    states, reference = [torch_roundtrip(save())], []
+    for _ in range(steps):
+        reference.append(list(take()))
+        states.append(torch_roundtrip(save()))
+    for k in range(steps - 1, -1, -1):
+        if before_rewind is not None:
+            before_rewind()
+        restore(states[k])
+        rest = [list(take()) for _ in range(steps - k)]
+        expected = [i for step in reference[k:] for i in step]
+        found = [i for step in rest for i in step]
+        missing, repeated = set(map(repr, expected)) - set(map(repr, found)), len(found) - len(set(map(repr, found)))
+        assert rest == reference[k:], (
+            f"rewound to the state after step {k}: {len(missing)} id(s) missing, {repeated} repeated, "
+            f"first steps found {rest[:2]!r}, expected {reference[k:k + 2]!r}"
+        )
+    return reference

@@ -191,15 +191,3 @@ def test_content_holding_a_value_no_checkpoint_holds_is_refused(tmp_path):
         f"checkpoint file {path} is damaged: checkpoint key 3 at content.ranks[0] is not a str; "
         "restore from another checkpoint"
     )
-
-
-def test_content_of_another_format_or_version_is_refused_naming_both():
-    from rl_data.distributed.checkpoint_files import check_content_format
-
-    check_content_format({"format": "f", "format_version": 2}, fmt="f", version=2, what="x")
-    with pytest.raises(ValueError, match=r"^not a data coordinator checkpoint: format 'other', expected 'f'$"):
-        check_content_format({"format": "other"}, fmt="f", version=2, what="data coordinator")
-    with pytest.raises(ValueError, match=r"^not a prompt feed checkpoint: format 'list', expected 'f'$"):
-        check_content_format([], fmt="f", version=2, what="prompt feed")
-    with pytest.raises(ValueError, match=r"^x checkpoint format version 1; this version reads 2; restore it with"):
-        check_content_format({"format": "f", "format_version": 1}, fmt="f", version=2, what="x")

@@ -20,6 +20,7 @@ from distributed_fixtures import (
     wait_for,
 )
 from energon_fixtures import write_chat_dataset
+from restore_check import assert_rewinds_at_every_step
 from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, get_coordinator, wait_until_name_is_free
 
 STEPS = 6  # across the 5-batch virtual epoch boundary of train_spec
@@ -50,21 +51,23 @@ def test_rewind_at_every_step_continues_exactly(ray_session, energon_dataset, to
     spec, config = _spec(energon_dataset, workers, packed), runtime_config(2, prefetch_depth)
     expected = reference_stream(spec, config, tokenizer, STEPS)
     with running_coordinator(ray, config, spec) as coordinator:
-        states = [ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)]
-        for step in range(STEPS):
-            assert consume(ray, coordinator, 1) == expected[step : step + 1]
-            states.append(ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S))
-        for rewind_to in range(STEPS - 1, -1, -1):
-            consume(ray, coordinator, 1, commit=False)  # a pending step, and prefetched ones, are dropped
-            before = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["rank_actor_names"]
-            ray.get(coordinator.load_state_dict.remote(states[rewind_to]), timeout=TIMEOUT_S)
-            progress = ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)
-            assert (progress["committed_step"], progress["handed_step"]) == (rewind_to, rewind_to)
-            assert consume(ray, coordinator, STEPS - rewind_to) == expected[rewind_to:], f"rewound to step {rewind_to}"
-            status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-            assert set(status["rank_actor_names"]).isdisjoint(before)  # fresh rank actors
-        assert status["restarts"] == [0, 0] and status["rewinds"] == STEPS  # rewinds are not rank deaths
-        assert progress["origin_step"] == 0
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        before = client.status()
+
+        def take() -> list[str]:
+            step, refs = client.next_step()
+            ids = [i for batch in ray.get(refs, timeout=TIMEOUT_S) for i in batch["source_ids"]]
+            client.commit(step)
+            return ids
+
+        pending = lambda: client.next_step()  # noqa: E731 - a pending step, and prefetched ones, are dropped
+        reference = assert_rewinds_at_every_step(take, client.state_dict, client.load_state_dict, STEPS, before_rewind=pending)
+        status = client.status()
+    assert reference == [[i for rank in step for i in rank] for step in expected]
+    # the same rank actors (processes), each with a new loader; rewinds are not rank deaths
+    assert status["rank_actor_names"] == before["rank_actor_names"]
+    assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in before["ranks"]]
+    assert status["restarts"] == [0, 0] and status["rewinds"] == STEPS
 
 
 def test_rewind_drops_pending_steps_and_refuses_their_commits(ray_session, energon_dataset, tokenizer):

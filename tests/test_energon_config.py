@@ -9,7 +9,7 @@ from rl_data.energon.sft_dataloader import _loader_config, _source_config
 
 _LOADER_FIELDS = (
     "num_workers, shuffle_buffer_size, max_samples_per_sequence, packing_buffer_size, "
-    "seed_offset, prefetch_factor, checkpoint_every_sec, watchdog_timeout_seconds, task_encoder, "
+    "seed_offset, prefetch_factor, checkpoint_every_sec, watchdog_timeout_seconds, task, "
     "cooker, max_consecutive_failures, max_failure_ratio, failure_ratio_min_samples"
 )
 
@@ -88,7 +88,7 @@ def test_loader_defaults():
         "prefetch_factor": 2,
         "checkpoint_every_sec": 0.0,
         "watchdog_timeout_seconds": 60.0,
-        "task_encoder": "chat_sft",
+        "task": "chat_sft",
         "cooker": None,
         "max_consecutive_failures": 100,
         "max_failure_ratio": 0.1,

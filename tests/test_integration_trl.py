@@ -80,7 +80,7 @@ def trl_tokenizer(tokenizer):
 
 
 def _spec(root: str, **task: Any) -> LoaderSpec:
-    energon = {"task_encoder": "rl_prompt", "num_workers": 0, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    energon = {"task": "rl_prompt", "num_workers": 0, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
     return LoaderSpec(
         data_config={"energon": energon, "shuffle": True,
                      "task": {"prompt_messages": True, "generation_padding": "none", **task}},

@@ -12,7 +12,7 @@ import torch
 
 from distributed_fixtures import TIMEOUT_S, running_coordinator, runtime_config, train_spec
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.distributed.metrics import BatchStats, batch_stats
+from rl_data.batch_stats import BatchStats, batch_stats
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 
 #: Metrics reach the endpoint within ~1 s (metrics_report_interval_ms=1000 in ray_session).

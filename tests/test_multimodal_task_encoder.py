@@ -109,7 +109,7 @@ def dataset(tmp_path_factory):
 
 def build(root, processor, *, split_role="validation", energon=None, batch_format=None, **overrides):
     arguments = dict(
-        data_config={"energon": {"task_encoder": "vlm_sft", **(energon or {})}, "shuffle": True, "batch_format": batch_format},
+        data_config={"energon": {"task": "vlm_sft", **(energon or {})}, "shuffle": True, "batch_format": batch_format},
         source={"path": str(root), "split": "train" if split_role == "train" else "val", "virtual_epoch_length": 3},
         processor=processor,
         batch_size=2,

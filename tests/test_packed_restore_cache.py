@@ -20,6 +20,7 @@ import torch
 
 from energon_fixtures import SINGLE_RANK_UNPACKED, SMALL_PACKING, batch_source_ids, write_chat_dataset
 from restore_check import assert_restores_at_every_step, stream, torch_roundtrip
+from rl_data.energon.compat import internals
 from rl_data.energon.packing_restore import STATE_KEY, PackingRestoreCache
 from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
 from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
@@ -354,7 +355,7 @@ def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokeniz
     loader = _build(dataset, tokenizer, 0)
     stream(loader, _packed_view, 2)
     cache = _cache_of(loader)
-    samples = list(cache._packing._reading_buffer.buffer) + list(cache._packing._pre_packing_buffer.buffer)
+    samples = [sample for buffer in internals.packing_buffers(cache._packing) for sample in buffer.buffer]
     loader.close()
     assert samples
     for sample in samples:

@@ -57,7 +57,7 @@ def dataset(tmp_path_factory, chat_conversations):
 
 def build(root, tokenizer, *, split_role="train", split=None, energon=None, **overrides):
     arguments = dict(
-        data_config={"energon": {"task_encoder": "preference", **(energon or {})}, "shuffle": True},
+        data_config={"energon": {"task": "preference", **(energon or {})}, "shuffle": True},
         source={"path": str(root), "split": split or ("train" if split_role == "train" else "val"), "virtual_epoch_length": 4},
         processor=tokenizer,
         batch_size=3,
@@ -143,13 +143,14 @@ def test_identity_names_the_preference_components_and_refuses_the_sft_encoder(da
     assert loader.identity["components"] == {"PreferenceTaskEncoder": 1, "PreferenceCooker": 1}
     assert loader.identity["loader"]["task_encoder"] == "preference"
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: components.ChatCooker added 1; "):
-        build(root, tokenizer, energon={"task_encoder": "chat_sft"}).load_state_dict(loader.state_dict())
+        build(root, tokenizer, energon={"task": "chat_sft"}).load_state_dict(loader.state_dict())
     assert get_task("preference").encoder_class is PreferenceTaskEncoder
 
 
 def test_packing_is_refused(dataset, tokenizer):
     root, _, _ = dataset
-    with pytest.raises(ValueError, match=r"^the preference task encoder does not pack \(packing_algorithm='first_fit_decreasing'\)"):
+    # refused by the spec's checks, before any loader part is built (on the driver for a LoaderSpec)
+    with pytest.raises(ValueError, match=r"^task 'preference' does not pack its samples, but packing_algorithm is 'first_fit_decreasing'; remove packing_algorithm"):
         build(
             root,
             tokenizer,

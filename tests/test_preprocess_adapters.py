@@ -129,10 +129,10 @@ def test_user_adapter_by_import_path():
 @pytest.mark.parametrize(
     ("name", "message"),
     [
+        # the built-in adapters and the built-in tasks' (plus those of tasks registered earlier in the session)
         ("nope", "unknown adapter 'nope'; expected one of ['alpaca', 'env_info', 'gsm8k', 'openai', 'preference', "
-                 "'prompt_ground_truth', 'prompt_response', 'rl_messages', 'sharegpt'], 'auto', or an import path "
-                 "'package.module:function'"),
-        ("no_such_module_xyz:f", "cannot load adapter 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
+                 "'prompt_ground_truth', 'prompt_response', 'rl_messages', 'sharegpt'"),
+        ("no_such_module_xyz:f", "cannot import adapter 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
         ("preprocess_fixtures:GSM8K_ROW", "adapter 'preprocess_fixtures:GSM8K_ROW' is a dict, not a callable"),
     ],
 )

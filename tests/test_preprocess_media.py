@@ -223,7 +223,7 @@ def test_the_vlm_loader_yields_the_media_of_the_input_files(media_input, media_r
     processor = build_multimodal_processor(
         tokenizer, task_data_spec=TaskDataSpec(num_frames=2, pad_audio_to_hop_length=True))
     loader = build_energon_sft_loader(
-        data_config={"energon": {"task_encoder": "vlm_sft"}}, source={"path": str(output), "split": "train"},
+        data_config={"energon": {"task": "vlm_sft"}}, source={"path": str(output), "split": "train"},
         processor=processor, batch_size=3, max_sequence_length=4096, split_role="validation", logical_rank=0,
         logical_world_size=1, placement_fingerprint="preprocess-media", packing_algorithm=None,
         max_sequences_per_bin=None, sequence_length_pad_multiple=1, only_unmask_final=False,

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import torch
 from distributed_fixtures import ENERGON_WORKERS, TIMEOUT_S, runtime_config, shut_down
+from restore_check import assert_rewinds_at_every_step
 
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
@@ -60,7 +61,7 @@ def prompt_root(tmp_path_factory):
 
 
 def _spec(root: str, workers: int = 0, **source: Any) -> LoaderSpec:
-    energon = {"task_encoder": "rl_prompt", "num_workers": workers, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    energon = {"task": "rl_prompt", "num_workers": workers, "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
     return LoaderSpec(
         data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
         source={"path": root, "split": "train", **source},
@@ -158,9 +159,9 @@ def test_the_feed_refuses_loaders_that_are_not_rl_prompts_in_exact_passes(tmp_pa
     validation = _spec(str(tmp_path)).model_copy(update={"split_role": "validation"})
     with pytest.raises(ValueError, match=r"^a prompt feed needs RL prompts in exact passes or one endless epoch: split_role is 'validation'"):
         check_prompt_spec(validation)
-    sft = LoaderSpec(data_config={"energon": {"task_encoder": "chat_sft"}}, source={"path": str(tmp_path), "split": "train"},
+    sft = LoaderSpec(data_config={"energon": {"task": "chat_sft"}}, source={"path": str(tmp_path), "split": "train"},
                      batch_size=BATCH, max_sequence_length=256)
-    with pytest.raises(ValueError, match=r"task_encoder is 'chat_sft', expected 'rl_prompt'$"):
+    with pytest.raises(ValueError, match=r"data_config\['energon'\]\['task'\] is 'chat_sft', expected 'rl_prompt'$"):
         check_prompt_spec(sft)
 
 
@@ -349,6 +350,8 @@ def test_killed_rank_actors_are_replaced_without_losing_or_repeating_a_prompt(ra
 
 @pytest.mark.timeout(300)
 def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_already_delivered(ray_session, prompt_root):
+    """Kept prompts stay outstanding, held by nobody: a restarted worker of the same name that dies
+    in turn releases only what it took itself."""
     config = _config()
     with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)):
         worker_a, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
@@ -366,8 +369,13 @@ def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_al
         released = trainer.release_holder("worker-a", keep=delivered)
         assert released == [a[3].uid, a[4].uid]
         assert trainer.release_holder("worker-a", keep=delivered) == []  # nothing twice
-        assert worker_a.status()["outstanding_by_holder"] == {"worker-a": 1, "worker-b": 3}
-        again = worker_b.take(3)  # released prompts first, in uid order
+        status = worker_a.status()
+        assert (status["outstanding"], status["outstanding_by_holder"]) == (1 + 3 + 2, {"worker-b": 3})  # kept: nobody's
+        restarted, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+        retaken = restarted.take(2)  # released prompts first, in uid order
+        assert [p.uid for p in retaken] == [a[1].uid, a[3].uid]
+        assert trainer.release_holder("worker-a") == [p.uid for p in retaken]  # not the kept one
+        again = worker_b.take(3)
         assert [p.uid for p in again] == sorted([a[1].uid, a[3].uid, a[4].uid])
         trainer.ack(delivered + [p.uid for p in b + again + anonymous])
         status = worker_a.status()
@@ -377,6 +385,29 @@ def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_al
 
 
 # -- rewinding a live feed -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+def test_a_feed_rewound_to_the_checkpoint_after_every_window_hands_out_the_rest_exactly(ray_session, prompt_root, tokenizer, workers):
+    """The step oracle on the feed: a step takes 5 prompts and acks them; the live feed (a window
+    outstanding, ranks prefetching) is rewound to the checkpoint after every step, across the epoch end."""
+    spec = _spec(prompt_root, workers)
+    reference = _reference(spec, tokenizer)
+    keys = [key for epoch in reference for key in epoch]
+    config = _config()
+    steps = (len(reference[0]) + 4) // 5 + 1  # past the end of epoch 0
+    with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=20)):
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+
+        def take() -> list[str]:
+            prompts = rollout.take(5)
+            trainer.ack([p.uid for p in prompts])
+            return [p.key for p in prompts]
+
+        found = assert_rewinds_at_every_step(take, trainer.state_dict, trainer.load_state_dict, steps,
+                                             before_rewind=lambda: rollout.take(5))  # fmt: skip
+    assert [key for step in found for key in step] == keys[: 5 * steps]
 
 
 @pytest.mark.timeout(300)
@@ -423,7 +454,7 @@ def test_a_live_feed_rewinds_to_a_checkpoint_and_goes_on_as_a_fresh_restore_woul
         ack(later + first[6:7])
         out = take(5)  # outstanding at the rewind; the rank actors have prefetched more
         rollout.release(out[:1])  # and one released, waiting
-        names = rollout.status()["rank_actor_names"]
+        names, pids = rollout.status()["rank_actor_names"], [r["pid"] for r in rollout.status()["ranks"]]
 
         summary = trainer.load_checkpoint(str(tmp_path / "c1"))  # rewind 1, from a file
         del kept[at_c1:]
@@ -431,7 +462,7 @@ def test_a_live_feed_rewinds_to_a_checkpoint_and_goes_on_as_a_fresh_restore_woul
         assert (status["outstanding"], status["outstanding_by_holder"], status["restarts"]) == (0, {}, [0, 0])
         assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"too_easy": 1})
         assert status["released_waiting"] == 0 and status["restore_failure"] is None
-        assert not set(status["rank_actor_names"]) & set(names)  # every rank actor replaced
+        assert status["rank_actor_names"] == names and [r["pid"] for r in status["ranks"]] == pids  # rewound in place
         with pytest.raises(UidStateError) as stale:  # handed out before the rewind, not since
             trainer.ack([out[1]])
         assert (stale.value.uid, stale.value.state) == (out[1], "not handed out yet")
@@ -562,3 +593,87 @@ def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, promp
             ray_session.get(handle.shutdown.remote(), timeout=TIMEOUT_S)
             ray_session.kill(handle, no_restart=True)
         wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
+
+
+# -- the README's example, the default name, mixtures ----------------------------------------
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_feed_example_runs_as_written(ray_session, tmp_path):
+    """The feed of a config whose name was left at the default registers as ``DEFAULT_FEED_NAME``
+    (what ``attach_feed`` finds by default), not as the coordinator's default; the prompt kept by
+    ``release_holder`` is nobody's; the name is in no identity: the checkpoint restores into a feed
+    of another name."""
+    from readme_examples import ran_readme_example
+
+    from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE
+    from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
+
+    with ran_readme_example("feed-example", tmp_path, DEFAULT_FEED_NAME, DEFAULT_NAMESPACE) as example:
+        assert DEFAULT_FEED_NAME == "rl_data_prompt_feed" and example["runtime_config"].name == DEFAULT_NAME
+        with pytest.raises(ValueError):  # the coordinator's default name stays free
+            ray_session.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
+        trainer = attach_feed(namespace=DEFAULT_NAMESPACE, timeout_s=TIMEOUT_S).trainer  # the default name
+        assert trainer.handle._actor_id == example["feed"]._actor_id
+        uids = example["uids"]
+        assert uids == [(0, i) for i in range(8)]
+        status = trainer.status()
+        assert (status["outstanding"], status["outstanding_by_holder"], status["released_waiting"]) == (1, {}, 1)
+        assert trainer.release_holder("worker-3") == []  # the kept prompt is held by nobody
+        assert [p.uid for p in example["rollout"].take(1)] == uids[7:8]
+        trainer.ack(uids[6:8])
+    config = example["runtime_config"].model_copy(update={"name": f"renamed-{uuid.uuid4().hex[:8]}", "namespace": NAMESPACE})
+    with running_feed(ray_session, config, example["loader_spec"], FeedConfig(max_outstanding=8)) as renamed:
+        summary = ray_session.get(renamed.load_checkpoint.remote(str(tmp_path / "ckpt" / "step_100" / "data")), timeout=TIMEOUT_S)
+        assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"uniform_reward": 2})
+        rollout, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+        assert [p.uid for p in rollout.take(3)] == [(0, 6), (0, 7), (0, 8)]
+
+
+@pytest.fixture(scope="module")
+def mixture_members(tmp_path_factory) -> dict[str, str]:
+    """Two ``rl_prompt`` datasets of 12 different prompts each (the members of a mixture)."""
+    adapt = resolve_adapter("gsm8k")
+    problems = arithmetic_word_problems(24)
+    members = {}
+    for index, name in enumerate(("easy", "hard")):
+        root = tmp_path_factory.mktemp(f"feed_mixture_{name}")
+        samples = [
+            (f"{name}-{row:03d}", encode_sample({**adapt(raw), "source": {"file": name, "row": row}}))
+            for row, raw in enumerate(problems[12 * index : 12 * index + 12])
+        ]
+        write_energon_dataset(root, samples, samples_per_shard=4, splits={"train": 1.0})
+        members[name] = str(root)
+    return members
+
+
+@pytest.mark.timeout(300)
+def test_a_mixture_checkpoint_with_other_weights_is_refused_saying_the_feed_does_not_reweight(ray_session, mixture_members):
+    from rl_data.prompt_feed.feed import FEED_REWEIGHT_HINT
+
+    weights = {"easy": 0.7, "hard": 0.3}
+    energon = {"task": "rl_prompt", "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    mixture = [{"name": name, "path": path, "weight": weights[name]} for name, path in mixture_members.items()]
+    spec = LoaderSpec(
+        data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
+        source={"mixture": mixture, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 5},
+        batch_size=BATCH, max_sequence_length=256,
+    )  # fmt: skip
+    config = _config()
+    with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=20)):
+        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+        taken = rollout.take(6)
+        trainer.ack([p.uid for p in taken[:3]])
+        other_weights = trainer.state_dict()  # as a feed with weights easy=0.4, hard=0.6 would have saved it
+        for producer in other_weights["ledger"]["producers"]:
+            saved = producer["loader"]["identity"]["mixture"]
+            saved["easy"]["weight"], saved["hard"]["weight"] = 0.4, 0.6
+        with pytest.raises(ValueError) as refused:
+            trainer.load_state_dict(other_weights)
+        assert str(refused.value).endswith(
+            "rank 0: Energon loader identity changed: mixture.easy.weight 0.4 -> 0.7; mixture.hard.weight 0.6 -> 0.3"
+            + FEED_REWEIGHT_HINT
+        )
+        assert "restore with the weights the checkpoint was saved with" in FEED_REWEIGHT_HINT
+        trainer.ack([p.uid for p in taken[3:]])  # refused: the feed serves on as before
+        assert [p.uid for p in rollout.take(2)] == [(0, 6), (0, 7)]

@@ -259,10 +259,12 @@ def test_restore_refuses_other_producers_other_formats_and_a_started_ledger():
     state = ledger((3, 2)).state_dict()
     with pytest.raises(ValueError, match="holds 2 producer states, this ledger has 3 producers"):
         ledger((3, 2, 1), state=state)
-    with pytest.raises(ValueError, match="format 'other', expected 'rl_data.prompt_feed.ledger'"):
+    with pytest.raises(ValueError, match=r"not a prompt ledger state: in checkpoint: format='other' / expected: 'rl_data.prompt_feed.ledger'"):
         ledger((3, 2), state=state | {"format": "other"})
-    with pytest.raises(ValueError, match="format version 9, expected 1"):
+    with pytest.raises(ValueError, match="prompt ledger state format version: in checkpoint: 9 / this rl_data reads: 1"):
         ledger((3, 2), state=state | {"format_version": 9})
+    with pytest.raises(ValueError, match=r"prompt ledger state is malformed: missing \['frontier'\], unknown \[\]"):
+        ledger((3, 2), state={k: v for k, v in state.items() if k != "frontier"})
     started = ledger((3, 2))
     started.take(1)
     with pytest.raises(ValueError, match="build a new ledger"):

@@ -13,6 +13,7 @@ from rl_data.distributed.rank_actor import (
     COMPLETION_KEY,
     DataExhaustedError,
     RankActor,
+    RankRewoundError,
 )
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
@@ -160,6 +161,62 @@ def test_depth_zero_produces_only_on_request_and_restores_only_before_start(ray_
     assert (status["produced"], status["ready"], status["handed_out"]) == (1, 0, 1)
     with pytest.raises(RuntimeError, match=r"rank 0 already started producing batches; restore a state into a fresh rank actor"):
         ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)
+
+
+PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
+
+
+def _stream(spec: LoaderSpec, tokenizer, steps: int) -> list[list]:
+    """The first ``steps`` batches' ids of rank 0's loader, across virtual epochs."""
+    loader, taken = _direct_loader(spec, tokenizer), []
+    iterator = iter(loader)
+    while len(taken) < steps:
+        try:
+            taken.append(list(next(iterator)["source_ids"]))
+        except StopIteration:
+            iterator = iter(loader)
+    loader.close()
+    return taken
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers,packed,prefetch_depth", [(0, False, 0), (2, True, 2)])
+def test_a_rewound_rank_continues_after_the_state_it_was_given_at_every_step(
+    ray_session, spawn, energon_dataset, tokenizer, workers, packed, prefetch_depth
+):
+    """The live actor (prefetching) is rewound to the state after every batch k and hands out the
+    rest of the stream; a next_batch waiting at the rewind gets no batch."""
+    ray = ray_session
+    spec = train_spec(energon_dataset, workers)
+    if packed:
+        spec = train_spec(energon_dataset, data_config={"energon": {**PACKING, "num_workers": workers}, "shuffle": True},
+                          packing_algorithm="first_fit_decreasing")
+    steps = 6  # across the virtual epoch of 5 batches
+    expected = _stream(spec, tokenizer, steps + 1)
+    actor = spawn(spec, prefetch_depth=prefetch_depth)
+    states = [ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)]
+    for _ in range(steps):
+        states.append(ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S))
+    pid = ray.get(actor.status.remote(), timeout=TIMEOUT_S)["pid"]
+    for k in range(steps - 1, -1, -1):
+        ray.get(actor.rewind.remote(states[k]), timeout=TIMEOUT_S)
+        taken = [list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) for _ in range(steps + 1 - k)]
+        assert taken == expected[k:], f"rewound to the state after batch {k}"
+    status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
+    assert status["pid"] == pid and status["activity"] != "rewinding"  # the same actor, not a new one
+
+
+def test_a_next_batch_waiting_at_a_rewind_raises_and_the_rank_serves_on(ray_session, spawn, energon_dataset, tokenizer):
+    ray = ray_session
+    spec = train_spec(energon_dataset)
+    actor = spawn(spec, prefetch_depth=0, injected_delay_s=2.0)
+    initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
+    waiting = actor.next_batch.remote()[0]
+    time.sleep(0.5)  # it waits for the slow batch
+    ray.get(actor.rewind.remote(initial), timeout=TIMEOUT_S)
+    with pytest.raises(RankRewoundError, match=r"rank 0 was rewound while this next_batch waited; ask again"):
+        ray.get(waiting, timeout=TIMEOUT_S)
+    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == _stream(spec, tokenizer, 1)[0]
 
 
 def test_answers_status_state_and_shutdown_while_producing(ray_session, spawn, energon_dataset):

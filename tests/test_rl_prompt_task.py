@@ -121,7 +121,7 @@ def prompt_dataset(tmp_path_factory):
 
 
 def _loader(root, tokenizer, *, num_workers=0, padding="left", rank=0, world=1, batch_size=4, split_role="train", **data):
-    energon = {"task_encoder": "rl_prompt", "num_workers": num_workers, "shuffle_buffer_size": 6,
+    energon = {"task": "rl_prompt", "num_workers": num_workers, "shuffle_buffer_size": 6,
                "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.5}
     arguments = {**SINGLE_RANK_UNPACKED, "logical_rank": rank, "logical_world_size": world,
                  "placement_fingerprint": f"placement-{world}"}

@@ -85,7 +85,7 @@ def preference_dataset(tmp_path_factory, chat_conversations):
 
 
 def _spec(root, task_encoder: str, batch_format: str | None = None, **overrides: Any) -> LoaderSpec:
-    energon = {"task_encoder": task_encoder, "shuffle_buffer_size": 8, "max_samples_per_sequence": 4, **overrides.pop("energon", {})}
+    energon = {"task": task_encoder, "shuffle_buffer_size": 8, "max_samples_per_sequence": 4, **overrides.pop("energon", {})}
     args: dict[str, Any] = dict(
         data_config={"energon": energon, "shuffle": True, "batch_format": batch_format},
         source={"path": str(root), "split": "train", "virtual_epoch_length": 3},

@@ -278,6 +278,33 @@ def test_a_payload_that_is_not_a_codec_document_is_refused():
         decode_rank_state(b"\x00\x01")
 
 
+@pytest.mark.parametrize(
+    ("state", "found"),
+    [
+        ([], "list"),
+        (7, "int"),
+        ({"$": "FlexState", "items": {}}, "FlexState"),
+        ({"$": "SavableDatasetCheckpoint", "fields": {"state": None, "offset": 0}}, "SavableDatasetCheckpoint"),
+    ],
+    ids=["list", "int", "flex_state", "worker_checkpoint"],
+)
+def test_a_document_whose_state_is_not_a_loader_state_is_refused_naming_its_type(state, found):
+    with pytest.raises(StateCodecError) as error:
+        decode_rank_state(_document(state))
+    assert str(error.value) == (
+        f"the Energon rank state is damaged or was not written by rl_data: state is a {found}, expected a "
+        "SavableDataLoaderState or null (the initial state); restore from another checkpoint"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_refuses_a_state_that_is_not_a_loader_state_before_energon_sees_it(energon_dataset, tokenizer):
+    # Energon's restore_state_rank would fail on it with a bare AssertionError()
+    crafted = _crafted(_loader(energon_dataset, tokenizer).state_dict(), _document({"$": "FlexState", "items": {}}))
+    with pytest.raises(StateCodecError, match=r"state is a FlexState, expected a SavableDataLoaderState"):
+        _loader(energon_dataset, tokenizer).load_state_dict(crafted)
+
+
 class _WritesMarker:
     """Unpickling this runs ``exec``: what a crafted checkpoint does."""
 

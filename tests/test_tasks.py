@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 from distributed_fixtures import consume, reference_stream, running_coordinator, runtime_config
@@ -49,7 +50,7 @@ def test_a_loader_decoding_its_samples_imports_only_its_task():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["['rl_data.tasks.base',", "'rl_data.tasks.chat_sft']"]
+    assert result.stdout.split() == ["['rl_data.tasks.chat_sft']"]
 
 
 def test_lookup_errors_name_the_choices():
@@ -77,11 +78,11 @@ def test_misspelt_keys_fail_on_the_driver_naming_the_field():
         validate_data_config({"energon": {}, "shufle": True})
     with pytest.raises(ValueError, match=r"^invalid data_config\['task'\] \(options of task 'rl_prompt'\) \(RLPromptConfig\): "
                                          r"generation_padding='middle'"):
-        validate_data_config({"energon": {"task_encoder": "rl_prompt"}, "task": {"generation_padding": "middle"}})
+        validate_data_config({"energon": {"task": "rl_prompt"}, "task": {"generation_padding": "middle"}})
     with pytest.raises(ValueError, match=r"invalid source \(EnergonSourceConfig\): split: Field required; splitt='train': Extra inputs"):
         LoaderSpec(data_config={"energon": {}}, source={"path": "/d", "splitt": "train"}, batch_size=1, max_sequence_length=8)
     with pytest.raises(ValueError, match=r"unknown task 'chat'; registered tasks are"):
-        LoaderSpec(data_config={"energon": {"task_encoder": "chat"}}, source={"path": "/d", "split": "train"},
+        LoaderSpec(data_config={"energon": {"task": "chat"}}, source={"path": "/d", "split": "train"},
                    batch_size=1, max_sequence_length=8)
 
 
@@ -104,7 +105,7 @@ def toy_dataset(tmp_path_factory, ray_session):
 
 def _toy_spec(dataset: str, **task_options) -> LoaderSpec:
     return LoaderSpec(
-        data_config={"energon": {"task_encoder": TOY, "shuffle_buffer_size": 8, "max_samples_per_sequence": 4},
+        data_config={"energon": {"task": TOY, "shuffle_buffer_size": 8, "max_samples_per_sequence": 4},
                      "shuffle": True, "task": task_options},
         source={"path": dataset, "split": "train", "virtual_epoch_length": 4},
         batch_size=4,
@@ -215,3 +216,48 @@ def test_validate_sample_rejects_an_unknown_kind_as_an_adapter_error():
     with pytest.raises(RowRejected) as error:
         validate_sample({"kind": "qa", "messages": []})
     assert error.value.reason == "adapter_error"
+
+
+def test_a_loader_spec_refuses_bad_packing_options_on_the_driver():
+    """Each mistake fails where the spec is written, naming the fix; no actor or loader is built."""
+    base = dict(data_config={"energon": {"packing_buffer_size": 8}, "shuffle": True},
+                source={"path": "/d", "split": "train"}, batch_size=2, max_sequence_length=64)
+    cases = [
+        (dict(packing_algorithm="best_fit"), r"unknown packing algorithm 'best_fit'; expected one of: concatenative"),
+        (dict(data_config={"energon": {}, "shuffle": True}, packing_algorithm="first_fit_decreasing"),
+         r"packing_algorithm is 'first_fit_decreasing' but packing_buffer_size is not set"),
+        ({}, r"packing_buffer_size is 8 but packing_algorithm is None"),
+        (dict(data_config={"energon": {"task": "preference", "packing_buffer_size": 8}, "shuffle": True},
+              packing_algorithm="first_fit_decreasing"), r"task 'preference' does not pack its samples"),
+        (dict(data_config={"energon": {}, "shuffle": True}, max_sequences_per_bin=4),
+         r"max_sequences_per_bin is 4 but packing is off"),
+        (dict(packing_algorithm="FIRST_FIT_DECREASING", sequence_length_pad_multiple=5),
+         r"max_sequence_length 64 is not a multiple of sequence_length_pad_multiple 5"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ValueError, match=message):
+            LoaderSpec(**{**base, **overrides})
+    spec = LoaderSpec(**{**base, "packing_algorithm": "First_Fit_Decreasing"})
+    assert spec.packing_algorithm == "first_fit_decreasing" and spec.task().name == "chat_sft"
+
+
+def test_the_former_task_key_is_read_with_a_warning_and_the_same_identity(energon_dataset, tokenizer):
+    from rl_data.energon.config import EnergonLoaderConfig
+    from rl_data.energon.sft_dataloader import build_loader
+
+    with pytest.warns(FutureWarning, match=r"data_config\['energon'\]\['task_encoder'\] is deprecated: name the task with data_config\['energon'\]\['task'\]"):
+        old = EnergonLoaderConfig(task_encoder="rl_prompt")
+    assert old == EnergonLoaderConfig(task="rl_prompt") and old.identity_dump()["task_encoder"] == "rl_prompt"
+    with pytest.raises(ValueError, match=r"has both 'task' and 'task_encoder' \(its former name\); keep 'task'"):
+        EnergonLoaderConfig(task="rl_prompt", task_encoder="chat_sft")
+    source = {"path": energon_dataset.path, "split": "train", "virtual_epoch_length": 5}
+    identities = []
+    for key in ("task", "task_encoder"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            spec = LoaderSpec(data_config={"energon": {key: "chat_sft"}, "shuffle": True}, source=source, batch_size=2,
+                              max_sequence_length=256)
+        loader = build_loader(spec, tokenizer, logical_rank=0, logical_world_size=1, placement_fingerprint="f" * 64)
+        identities.append(loader.identity)
+        loader.close()
+    assert identities[0] == identities[1] and identities[0]["loader"]["task_encoder"] == "chat_sft"

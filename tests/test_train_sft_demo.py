@@ -160,7 +160,7 @@ def test_config_defaults_and_validation(tmp_path):
     assert config.dataset_path == str(tmp_path / "w" / "dataset-chat_sft-256")
     spec = config.loader_spec()
     assert spec.packing_algorithm is None and spec.data_config.energon.packing_buffer_size is None
-    assert spec.data_config.energon.task_encoder == "chat_sft"
+    assert spec.data_config.energon.task == "chat_sft"
     packed = TrainDemoConfig(work_dir=str(tmp_path), packing="First_Fit_Decreasing", batch_size=3)
     assert packed.packing == "first_fit_decreasing"
     assert packed.loader_spec().data_config.energon.packing_buffer_size == 12

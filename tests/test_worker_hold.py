@@ -1,7 +1,7 @@
 """A rank's Energon workers are held back until it wants its second batch (``worker_hold``).
 
-The workers fork from this process, so a counter patched in here before the first ``iter()``
-counts, inside each real worker, the items its Energon pipeline made.
+The workers fork from this process, so a counter patched into rl_data's worker wrapper here
+before the first ``iter()`` counts, inside each real worker, the items its Energon pipeline made.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from torch.utils.data import get_worker_info
 
 from energon_fixtures import batch_source_ids, build_small_train_loader
 from restore_check import stream, torch_roundtrip
-from rl_data.energon import worker_hold
+from rl_data.energon.compat import SavableDatasetWrapper
 
 
 def _count_items_per_worker(monkeypatch, workers: int):
     """Shared counters of the items each torch worker's pipeline made (patched before the fork)."""
     counts = multiprocessing.get_context("fork").Array("i", workers)
-    inner = worker_hold._inner_iter
+    inner = SavableDatasetWrapper.items_with_checkpoints
 
     def counting(self):
         worker = get_worker_info().id
@@ -28,7 +28,7 @@ def _count_items_per_worker(monkeypatch, workers: int):
             counts[worker] += 1
             yield item
 
-    monkeypatch.setattr(worker_hold, "_inner_iter", counting)
+    monkeypatch.setattr(SavableDatasetWrapper, "items_with_checkpoints", counting)
     return counts
 
 

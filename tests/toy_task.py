@@ -14,14 +14,12 @@ from typing import Any
 
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
+from rl_data.energon.sample_validation import RowRejected
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder, EncodedSFTSample
 from rl_data.energon.task_encoders.cookers import decode_record
-from rl_data.preprocess.adapters import register_adapter
-from rl_data.preprocess.validation import RowRejected
-from rl_data.tasks import SampleSchema, Task, TaskConfig
+from rl_data.tasks import AdapterSpec, SampleSchema, Task, TaskConfig
 
 
-@register_adapter("toy_qa", ["q", "a"])
 def toy_adapter(row: dict[str, Any]) -> dict[str, Any]:
     """``{"q", "a"}`` -> a ``toy_qa`` sample."""
     return {"kind": "toy_qa", "question": str(row["q"]), "answer": str(row["a"])}
@@ -84,4 +82,5 @@ TASK = Task(
     config_class=ToyConfig,
     supports_packing=False,
     adapters=("toy_qa",),
+    adapter_specs=(AdapterSpec.of(toy_adapter, ["q", "a"], name="toy_qa"),),
 )

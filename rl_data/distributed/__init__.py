@@ -1,4 +1,4 @@
-"""Distributed runtime: rank actors per logical DP rank, coordinator, checkpoints, transfer.
+"""Distributed runtime: rank actors per logical DP rank (a rank pool), coordinator, checkpoints, transfer.
 
 Importing it does not import torch (the coordinator process starts faster without it); the
 torch-based ``batch_to_device`` and ``fetch_batch`` load on first use.
@@ -35,6 +35,7 @@ from rl_data.distributed.placement import (
     placement_layout,
 )
 from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
+from rl_data.distributed.rank_pool import RankPool
 from rl_data.distributed.step_prefetcher import StepPrefetcher
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "RankActor",
     "RankFailedError",
     "RankPlacement",
+    "RankPool",
     "RankTimeoutError",
     "RestoreIncompleteError",
     "RuntimeConfig",

@@ -96,19 +96,6 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     return _verified_content(path, record)
 
 
-def check_content_format(state: Any, *, fmt: str, version: int, what: str) -> None:
-    """Refuse checkpoint content that is not ``fmt`` (``ValueError`` naming what was found) or of
-    another ``version`` (restore it with the rl_data version that saved it)."""
-    if not isinstance(state, dict) or state.get("format") != fmt:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"not a {what} checkpoint: format {found!r}, expected {fmt!r}")
-    if state.get("format_version") != version:
-        raise ValueError(
-            f"{what} checkpoint format version {state.get('format_version')!r}; this version reads "
-            f"{version}; restore it with the rl_data version that saved it"
-        )
-
-
 def _verified_content(path: Path, record: Any) -> dict[str, Any]:
     """The content of a loaded record, after checking its structure and its checksum."""
     if not isinstance(record, dict) or record.get("format") != FILE_FORMAT:

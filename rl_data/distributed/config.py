@@ -1,20 +1,20 @@
 """Configuration of the distributed data runtime (pydantic, strict, clear errors).
 
 ``RuntimeConfig`` says how many logical data shards (rank actors) run, where they are placed
-and how they are fed; ``LoaderSpec`` says what every rank actor builds with
-``build_energon_sft_loader`` (everything except the per-rank topology, which the runtime
+and how they are fed; ``LoaderSpec`` (:mod:`rl_data.energon.loader_spec`, re-exported here)
+says what every rank actor builds (everything except the per-rank topology, which the runtime
 fills in).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-from typing import Any, Callable, Literal, Optional
+from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rl_data.energon.config import DataConfig, EnergonSourceConfig, validate_block, validate_data_config
+from rl_data.energon.loader_spec import LoaderSpec
+
+__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "LoaderSpec", "ParallelLayout", "PlacementStrategy", "RuntimeConfig"]
 
 DEFAULT_NAME = "rl_data_coordinator"
 DEFAULT_NAMESPACE = "rl_data"
@@ -94,62 +94,3 @@ class RuntimeConfig(_Strict):
     def world_size(self) -> int:
         """Number of logical data shards (rank actors)."""
         return self.logical_world_size or self.parallel_layout.dp
-
-
-class LoaderSpec(_Strict):
-    """Arguments of ``build_energon_sft_loader`` shared by every rank.
-
-    ``processor_factory`` is an import path ``"package.module:function"`` of a zero-argument
-    function returning the tokenizer or processor; each rank actor calls it on its own node
-    (nothing but this string and the dataset path crosses machines). ``data_config`` and
-    ``source`` are validated here, on the driver (a misspelt key fails before any actor starts).
-    """
-
-    data_config: DataConfig
-    source: EnergonSourceConfig
-    processor_factory: str = "rl_data.tokenization.tokenizer:load_qwen3_tokenizer"
-    #: Keyword arguments of the processor factory (plain JSON, e.g. a tokenizer folder).
-    processor_factory_kwargs: dict[str, Any] = Field(default_factory=dict)
-    batch_size: int = Field(ge=1)
-    max_sequence_length: int = Field(ge=1)
-    split_role: Literal["train", "validation"] = "train"
-    packing_algorithm: Optional[str] = None
-    max_sequences_per_bin: Optional[int] = None
-    sequence_length_pad_multiple: int = Field(default=1, ge=1)
-    only_unmask_final: bool = False
-
-    @field_validator("data_config", mode="before")
-    @classmethod
-    def _data_config(cls, value: Any) -> DataConfig:
-        return validate_data_config(value)
-
-    @field_validator("source", mode="before")
-    @classmethod
-    def _source(cls, value: Any) -> EnergonSourceConfig:
-        return validate_block(EnergonSourceConfig, value, name="source")
-
-    @model_validator(mode="after")
-    def _check_factory_path(self) -> "LoaderSpec":
-        module, sep, attr = self.processor_factory.partition(":")
-        if not (module and sep and attr):
-            raise ValueError(
-                f"processor_factory={self.processor_factory!r} is not an import path; expected "
-                "'package.module:function', e.g. 'rl_data.tokenization:load_qwen3_tokenizer'"
-            )
-        return self
-
-    def load_processor_factory(self) -> Callable[[], Any]:
-        """The processor factory named by ``processor_factory``, bound to its keyword arguments."""
-        module, _, attr = self.processor_factory.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-            return functools.partial(factory, **self.processor_factory_kwargs)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(
-                f"cannot import processor_factory {self.processor_factory!r}: {error}"
-            ) from error
-
-    def builder_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``build_energon_sft_loader`` except processor and topology."""
-        factory = {"processor_factory", "processor_factory_kwargs"}
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in factory}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import gc
 import logging
 import os
@@ -28,9 +29,10 @@ from typing import Any, Optional
 
 import ray
 
+from rl_data.batch_stats import BatchStats
 from rl_data.distributed.config import LoaderSpec
-from rl_data.distributed.metrics import BatchStats, RankMetrics
-from rl_data.tasks import get_task
+from rl_data.distributed.metrics import RankMetrics
+from rl_data.energon.identity import _V2_STATE_FORMAT_VERSION, LOADER_STATE_FORMAT
 
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ class DataExhaustedError(RuntimeError):
     """A validation split has no further batch for this rank."""
 
 
+class RankRewoundError(RuntimeError):
+    """The rank was rewound while a ``next_batch`` call waited; the call gets no batch."""
+
+
 class _Produced:
     __slots__ = ("batch", "state", "complete", "stats", "skipped_samples", "filtered_samples")
 
@@ -75,7 +81,10 @@ class RankActor:
     """Produces the batches of logical rank ``rank`` of ``world_size`` (run as a Ray actor).
 
     Its metrics (``rl_data.distributed.metrics``) are tagged ``coordinator=coordinator_name``.
+    Its state is its loader's (:mod:`rl_data.stateful`).
     """
+
+    STATE_FORMAT, STATE_VERSION = LOADER_STATE_FORMAT, _V2_STATE_FORMAT_VERSION
 
     def __init__(
         self,
@@ -89,7 +98,7 @@ class RankActor:
         coordinator_name: str = "",
         deferred_states: bool = False,
     ) -> None:
-        from rl_data.energon.sft_dataloader import build_energon_sft_loader
+        from rl_data.energon.sft_dataloader import build_loader
 
         self.rank, self.world_size = rank, world_size
         self._split_role = loader_spec.split_role
@@ -100,7 +109,7 @@ class RankActor:
         #: completion key -> how to complete that state (prefetched and recently handed-out ones)
         self._completions: collections.OrderedDict[str, Callable[[], dict[str, Any]]] = collections.OrderedDict()
         self._metrics = RankMetrics(coordinator_name, rank)
-        self._task = get_task(loader_spec.data_config.energon.task_encoder)
+        self._task = loader_spec.task()
         processor = loader_spec.load_processor_factory()()
         tokenizer = getattr(processor, "tokenizer", processor)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -110,13 +119,16 @@ class RankActor:
         # starts iterating skip them (0.1-0.25 s each here). Young garbage is collected first.
         gc.collect(1)
         gc.freeze()
-        self._loader = build_energon_sft_loader(
-            **loader_spec.builder_kwargs(),
-            processor=processor,
+        self._build_loader = functools.partial(
+            build_loader,
+            loader_spec,
+            processor,
             logical_rank=rank,
             logical_world_size=world_size,
             placement_fingerprint=placement_fingerprint,
+            task=self._task,
         )
+        self._loader = self._build_loader()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rank{rank}-loader")
         self._iterator: Optional[Any] = None
         self._ready: collections.deque[_Produced] = collections.deque()
@@ -129,21 +141,50 @@ class RankActor:
         self._activity, self._since = "idle, not started", time.monotonic()
         self._changed: Optional[asyncio.Condition] = None
         self._producer: Optional[asyncio.Task] = None
+        self._generation = 0  # rewinds so far: a next_batch that waited across one gets no batch
 
     async def merge_spec(self) -> dict[str, Any]:
         """How batches of this task merge across shards (``MergeSpec.to_json``)."""
         return self._merge_spec.to_json()
 
     async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
-        """Restore the loader from a format-2 state; only before the first batch (``reweight``:
-        see ``EnergonSFTDataLoader.load_state_dict``)."""
+        """Restore the loader from a format-2 state (``reweight``: see
+        ``EnergonSFTDataLoader.load_state_dict``): before the first batch into this loader, after
+        it a :meth:`rewind` (a new loader in this process)."""
         if self._producer is not None:
-            raise RuntimeError(
-                f"rank {self.rank} already started producing batches; restore a state into a "
-                "fresh rank actor, before its first next_batch/start call"
-            )
+            await self.rewind(state, reweight)
+            return
         self._loader.load_state_dict(state, reweight=reweight)
         self._handed_state = self._loader.state_dict() if reweight else without_completion_key(state)
+
+    async def rewind(self, state: dict[str, Any], reweight: bool = False) -> None:
+        """Restore ``state`` into a newly built loader, dropping every batch produced and not handed
+        out: a coordinator's (or feed's) rewind of a live rank, without a new actor (imports and the
+        tokenizer stay, ~0.3 CPU-s for the loader instead of ~2.4 for a new actor; the old loader's
+        Energon workers stop). ``next_batch`` calls waiting now
+        raise :class:`RankRewoundError`; batches and states handed out before stay valid objects.
+        The next batch is the one after ``state``, as in a fresh actor that loaded it.
+        """
+        self._set_activity("rewinding: waiting for the batch being produced")
+        if self._producer is not None:
+            self._producer.cancel()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, lambda: None)  # the loader thread finished its batch
+        self._set_activity("rewinding: building a new loader")
+        loader = await loop.run_in_executor(self._executor, self._build_loader)
+        await loop.run_in_executor(self._executor, functools.partial(loader.load_state_dict, state, reweight=reweight))
+        old, self._loader = self._loader, loader
+        old.close()
+        if self._changed is not None:
+            async with self._changed:
+                self._generation += 1
+                self._changed.notify_all()
+        self._changed = self._producer = self._iterator = self._error = None
+        self._ready.clear()
+        self._completions.clear()
+        self._requested = self._produced = 0
+        self._handed_state = self._loader.state_dict() if reweight else without_completion_key(state)
+        self._set_activity("idle, rewound")
 
     async def state_dict(self) -> dict[str, Any]:
         """The loader state after the last batch handed out (before the first: the initial one),
@@ -185,8 +226,10 @@ class RankActor:
         async with self._changed:
             self._requested += 1
             self._changed.notify_all()
-            waiting_since = time.monotonic()
-            await self._changed.wait_for(lambda: self._ready or self._error is not None)
+            waiting_since, generation = time.monotonic(), self._generation
+            await self._changed.wait_for(lambda: self._ready or self._error is not None or self._generation != generation)
+            if self._generation != generation:
+                raise RankRewoundError(f"rank {self.rank} was rewound while this next_batch waited; ask again")
             if not self._ready:
                 raise self._error
             produced = self._ready.popleft()

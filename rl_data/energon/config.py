@@ -14,10 +14,14 @@ watchdog, failure budget) can change between a save and a restore.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rl_data.config_blocks import validate_block
+from rl_data.task_registry import get_task
 
 
 class MixtureMember(BaseModel):
@@ -123,8 +127,8 @@ class EnergonLoaderConfig(BaseModel):
     #: Energon prints a stack trace when a batch takes longer (None disables the watchdog).
     watchdog_timeout_seconds: float | None = Field(default=60.0, gt=0)
     #: The task (name registered in :mod:`rl_data.tasks`, or ``"pkg.module:TASK"``): its task
-    #: encoder, cookers and options.
-    task_encoder: str = Field(default="chat_sft", min_length=1)
+    #: encoder, cookers and options. Its former key, ``task_encoder``, is read with a warning.
+    task: str = Field(default="chat_sft", min_length=1)
     #: Name of one of the task's cookers turning raw samples into typed ones (None: its default).
     cooker: str | None = Field(default=None, min_length=1)
     #: Consecutive failures of one pipeline stage that are fatal (Energon's tolerance).
@@ -134,9 +138,37 @@ class EnergonLoaderConfig(BaseModel):
     #: ... after at least this many samples were seen.
     failure_ratio_min_samples: int = Field(default=100, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _former_task_key(cls, values: Any) -> Any:
+        """``task_encoder`` (the key's former name) is read as ``task``, with a warning."""
+        if not isinstance(values, Mapping) or "task_encoder" not in values:
+            return values
+        if "task" in values:
+            raise ValueError(
+                "data_config['energon'] has both 'task' and 'task_encoder' (its former name); keep 'task'"
+            )
+        warnings.warn(
+            "data_config['energon']['task_encoder'] is deprecated: name the task with "
+            "data_config['energon']['task'] (loader identities and checkpoints are the same)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        values = dict(values)
+        values["task"] = values.pop("task_encoder")
+        return values
+
+    @property
+    def task_encoder(self) -> str:
+        """The task's name under the key's former name."""
+        return self.task
+
     def identity_dump(self) -> dict[str, Any]:
-        """The fields that pin the sample stream, as plain JSON."""
-        return self.model_dump(mode="json", exclude=set(self.RUNTIME_ONLY_FIELDS))
+        """The fields that pin the sample stream, as plain JSON (the task's name under its former
+        key, ``task_encoder``: identities of earlier checkpoints stay equal)."""
+        dump = self.model_dump(mode="json", exclude=set(self.RUNTIME_ONLY_FIELDS) | {"task"})
+        dump["task_encoder"] = self.task
+        return dump
 
 
 class DataConfig(BaseModel):
@@ -227,39 +259,5 @@ def validate_data_config(value: Any) -> DataConfig:
         config = validate_block(DataConfig, {**value, "energon": energon}, name="data_config")
     except FileNotFoundError as error:
         raise ValueError(str(error)) from None
-    from rl_data.tasks import get_task
-
-    get_task(energon.task_encoder).config(config.task)  # the task's own options, checked now
+    get_task(energon.task).config(config.task)  # the task's own options, checked now
     return config
-
-
-def _describe_errors(error: Any) -> str:
-    parts = []
-    for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "<block>"
-        if item["type"] == "missing":
-            parts.append(f"{field}: {item['msg']}")
-        else:
-            parts.append(f"{field}={item.get('input')!r}: {item['msg']}")
-    return "; ".join(parts)
-
-
-def validate_block(model: type[BaseModel], value: Any, *, name: str) -> Any:
-    """Validate ``value`` as ``model``; a ``ValueError`` names the block, field, value and rule."""
-    from pydantic import ValidationError
-
-    if isinstance(value, model):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            f"{name} must be a mapping of {model.__name__} fields "
-            f"({', '.join(model.model_fields)}), got {type(value).__name__}: {value!r}"
-        )
-    try:
-        return model.model_validate(dict(value))
-    except ValidationError as error:
-        allowed = ", ".join(model.model_fields)
-        raise ValueError(
-            f"invalid {name} ({model.__name__}): {_describe_errors(error)} "
-            f"(allowed fields: {allowed})"
-        ) from None

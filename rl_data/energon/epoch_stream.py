@@ -33,7 +33,7 @@ from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset
 
-from rl_data.energon import energon_fixes
+from rl_data.energon.compat import internals
 from rl_data.energon.state_codec import EncodedValueCache
 from rl_data.energon.worker_checkpoints import WorkerCheckpoints, ship_checkpoints
 from rl_data.energon.worker_hold import WorkerHold, hold_back_workers
@@ -230,7 +230,7 @@ class RankStream:
             raise RuntimeError("cannot restore a stream that started")  # checked by the caller
         self._loader.restore_state_rank(energon_state)
         if self._workers > 0:
-            self._delivered = energon_fixes.emitted_counters(self._loader)
+            self._delivered = internals.emitted_counters(self._loader)
             self._checkpoints.reset()
         self._resting_state = energon_state
         self.position = position
@@ -332,5 +332,5 @@ class RankStream:
         if self._workers == 0:
             self._queues[0].append((-1, item))
         else:
-            worker, sample_index = energon_fixes.last_emitted(self._loader)
+            worker, sample_index = internals.last_emitted(self._loader)
             self._queues[worker].append((sample_index, self._checkpoints.take(worker, item)))

@@ -91,6 +91,28 @@ class SkipCountingWorkerConfig(WorkerConfig):
             )
 
 
+def empty_pass_error(source: str, *, dropped: int, skipped: int, filtered: int, batch_size: Any) -> Exception:
+    """Why a whole pass of one rank yielded no batch: every sample failed (``skipped``), was
+    filtered, or the rest did not fill one batch (``dropped``), with the fix for each."""
+    if skipped > 0:
+        return SampleFailureBudgetExceeded(
+            f"{source}: a whole pass yielded no batch and skipped {skipped} sample(s); every sample "
+            "failed, so the data or the task encoder is systematically broken (see the 'skipped "
+            "sample' log lines)"
+        )
+    if filtered:
+        return ValueError(
+            f"{source}: a whole pass of this rank yielded no batch; the task encoder filtered out "
+            f"{filtered} sample(s) (e.g. prompts over max_sequence_length) and the rest did not fill "
+            "one batch; raise max_sequence_length or use a smaller batch size"
+        )
+    return ValueError(
+        f"{source}: a whole pass of this rank yielded no batch; its {dropped} sample(s) did not fill "
+        f"one batch of batch_size {batch_size} in any worker; use a smaller batch size, fewer workers "
+        "or ranks, or more data"
+    )
+
+
 def compact_sample_error_handler(
     exception: Exception, sample: Any | list[Any], sources: list[SourceInfo] | None = None
 ) -> None:

@@ -21,10 +21,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_data.energon.config import EnergonLoaderConfig, EnergonSourceConfig
-from rl_data.fingerprint import differences
+from rl_data.energon.mixture import weight_change_lines
+from rl_data.fingerprint import brief, differences, fingerprint
+
+#: Ends an identity refusal whose only differences are mixture weights.
+REWEIGHT_HINT = (
+    "; only mixture weights changed: to continue with the new weights from each member's restored "
+    "position, restore with reweight=True"
+)
 
 #: Version of the loader state envelope (see ``EnergonSFTDataLoader.state_dict``).
 _V2_STATE_FORMAT_VERSION = 2
+#: The loader state's format name (its ``backend`` key; :mod:`rl_data.stateful`).
+LOADER_STATE_FORMAT = "energon"
 #: How Energon maps samples to shards: contiguous ranges, one per (rank, worker).
 _MAPPER = "energon_contiguous_ranges"
 _ADAPTER_FINGERPRINT = "adapter.fingerprint "
@@ -49,6 +58,31 @@ def restore_differences(saved: Any, current: Mapping[str, Any]) -> list[str]:
     if explained:
         lines = [line for line in lines if not line.startswith(_ADAPTER_FINGERPRINT)]
     return lines
+
+
+def check_restorable(
+    saved: Any,
+    current: Mapping[str, Any],
+    *,
+    reweight: bool = False,
+    saved_fingerprint: Any = None,
+    where: str = "",
+    reweight_hint: str = REWEIGHT_HINT,
+) -> list[str]:
+    """Refuse a state saved with identity ``saved`` for a loader of identity ``current``
+    (``ValueError``: ``"<where>Energon loader identity changed: <path old -> new>; ..."``, ending
+    with ``reweight_hint`` when only mixture weights differ); return the weight-change lines
+    accepted with ``reweight``. ``saved_fingerprint``, when given, must be ``saved``'s own (a
+    state whose identity was edited is refused)."""
+    changes = restore_differences(saved, current)
+    reweighted = weight_change_lines(changes)
+    lines = [line for line in changes if not (reweight and line in reweighted)]
+    if not lines and saved_fingerprint is not None and saved_fingerprint != fingerprint(saved):
+        lines = [f"fingerprint {brief(saved_fingerprint)} -> {brief(fingerprint(saved))}"]
+    if lines:
+        hint = reweight_hint if reweighted and not reweight and len(reweighted) == len(lines) else ""
+        raise ValueError(f"{where}Energon loader identity changed: " + "; ".join(lines) + hint)
+    return reweighted if reweight else []
 
 
 def _before_task_options(saved: Any, current: Mapping[str, Any]) -> bool:

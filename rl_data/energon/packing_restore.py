@@ -42,6 +42,7 @@ from megatron.energon.source_info import SourceInfo
 from megatron.energon.wrappers.base import BaseWrapperDataset
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 
+from rl_data.energon.compat import internals
 from rl_data.energon.state_codec import DeferredValue
 
 #: Key of the saved samples in the encode stage's state (Energon ignores unknown keys).
@@ -100,7 +101,7 @@ class PackingRestoreCache(BaseWrapperDataset):
 
     def feeding(self, batched: SavableDataset) -> SavableDataset:
         """``batched`` (Energon's batching built on this cache), once its packing dataset is known."""
-        packing = batched if isinstance(batched, PackingDataset) else batched._find_wrapped_dataset(PackingDataset)
+        packing = batched if isinstance(batched, PackingDataset) else internals.find_wrapped(batched, PackingDataset)
         if packing is None or packing.dataset is not self:
             raise RuntimeError(
                 f"PackingRestoreCache: found no PackingDataset reading from this cache in {batched}; "
@@ -146,7 +147,7 @@ class PackingRestoreCache(BaseWrapperDataset):
     def _held(self) -> Iterator[tuple[Any, Any]]:
         """``(restore key, sample or None)`` of every sample in the packing buffers; the sample is
         None while a buffer waits to be restored (it then holds only keys)."""
-        for buffer in (self._packing._reading_buffer, self._packing._pre_packing_buffer):
+        for buffer in internals.packing_buffers(self._packing):
             keys, samples = buffer.restore_key(), buffer.buffer
             if len(samples) == len(keys):
                 yield from zip(keys, samples)

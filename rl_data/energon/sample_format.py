@@ -29,6 +29,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rl_data.task_registry import find_schema, sample_schemas, schema_for_kind
+
 #: Member (WebDataset field) that holds the sample JSON.
 SAMPLE_MEMBER = "json"
 #: Content part type -> allowed member extensions (video frames use the image extensions).
@@ -46,8 +48,6 @@ def encode_sample(sample: Mapping[str, Any], media: Mapping[str, bytes] | None =
     ``media`` maps member names (``"<name>.<ext>"``) to bytes; they must match the sample's
     media references exactly (see :func:`check_media_members`).
     """
-    from rl_data.tasks import schema_for_kind
-
     schema_for_kind(sample.get("kind"))
     media = dict(media or {})
     check_media_members(sample, media)
@@ -61,8 +61,6 @@ def decode_sample(members: Mapping[str, Any]) -> dict[str, Any]:
         found = sorted(k for k in members if not k.startswith("__"))
         raise ValueError(f"sample has no {SAMPLE_MEMBER!r} member (found members {found})")
     raw = members[SAMPLE_MEMBER]
-    from rl_data.tasks import find_schema, sample_schemas
-
     sample = json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
     if not isinstance(sample, dict) or find_schema(sample.get("kind")) is None:
         kind = sample.get("kind") if isinstance(sample, dict) else type(sample).__name__
@@ -133,8 +131,6 @@ def check_media_members(sample: Mapping[str, Any], member_names: Iterable[str]) 
 
 
 def _message_lists(sample: Mapping[str, Any]) -> list[list[Any]]:
-    from rl_data.tasks import find_schema
-
     schema = find_schema(sample.get("kind"))
     keys = schema.message_lists if schema is not None else ()
     return [sample[k] for k in keys if isinstance(sample.get(k), list)]

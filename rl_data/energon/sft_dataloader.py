@@ -18,16 +18,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
 import torch
-from megatron.energon import (
-    WorkerConfig,
-    get_savable_loader,
-    get_train_dataset,
-    get_val_dataset,
-)
+from pydantic import ValidationError
+from megatron.energon import WorkerConfig, get_train_dataset, get_val_dataset
 from megatron.energon.errors import FatalSampleError
 
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.energon import energon_fixes  # noqa: F401  (fixes Energon worker checkpoints)
+from rl_data.energon import compat
 from rl_data.energon.config import (
     EnergonLoaderConfig,
     EnergonSourceConfig,
@@ -39,29 +35,31 @@ from rl_data.energon.failure_budget import (
     SampleFailureBudgetExceeded,
     SkipCountingWorkerConfig,
     compact_sample_error_handler,
+    empty_pass_error,
 )
 from rl_data.energon.mixture import (
     MixtureRecord,
     member_names_by_path,
     mixture_members,
-    weight_change_lines,
     weights_of,
 )
 from rl_data.energon.identity import (
+    LOADER_STATE_FORMAT,
     _V2_STATE_FORMAT_VERSION,
     _loader_identity,
     _v2_topology,
-    restore_differences,
+    check_restorable,
 )
 from rl_data.energon.state_codec import EncodedValueCache, decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.fingerprint import brief, differences, fingerprint
-from rl_data.packing import packing_algorithm as parse_packing_algorithm
-from rl_data.tasks import get_task
+from rl_data.stateful import envelope
+from rl_data.config_blocks import describe_errors
+from rl_data.energon.loader_spec import LoaderSpec
+from rl_data.task_contract import Task
 from rl_data.tokenization.chat import formatting_path
 from rl_data.tokenization.fast_encode import text_encoder
 
-_BACKEND = "energon"
 _SPLIT_ROLES = ("train", "validation")
 #: Extra worker checkpoints kept beyond Energon's default, for items a stream holds back.
 _EXTRA_WORKER_CHECKPOINTS = 8
@@ -93,6 +91,9 @@ class EnergonSFTDataLoader:
     loop yields ``loop_length`` batches of it, or, with ``loop_length=0`` (exact mode), one
     pass. ``dropped_samples`` counts the samples that exact passes left in partial batches.
     """
+
+    #: The reference format 2 (``backend`` names it: :mod:`rl_data.stateful`).
+    STATE_FORMAT, STATE_VERSION = LOADER_STATE_FORMAT, _V2_STATE_FORMAT_VERSION
 
     def __init__(
         self,
@@ -173,14 +174,7 @@ class EnergonSFTDataLoader:
         self._closed = True
         if self._stream is not None:
             self._stream.close()
-        epoch_iterator = getattr(self._loader, "_epoch_iterator", None)
-        if epoch_iterator is not None:
-            epoch_iterator.close()
-            self._loader._epoch_iterator = None
-        worker_iterator = getattr(self._loader, "_iterator", None)
-        if worker_iterator is not None and hasattr(worker_iterator, "_shutdown_workers"):
-            worker_iterator._shutdown_workers()
-            self._loader._iterator = None
+        self._loader.close()
 
     def __del__(self) -> None:
         # A loader dropped without close(): its workers stop now, while their queues are alive
@@ -227,7 +221,10 @@ class EnergonSFTDataLoader:
                 if isinstance(item, PassOver):
                     self._dropped += item.dropped
                     if item.batches == 0:
-                        raise self._empty_pass(item, self.skipped_samples - skipped_before)
+                        raise empty_pass_error(
+                            self._source_name(), dropped=item.dropped, skipped=self.skipped_samples - skipped_before,
+                            filtered=self.filtered_samples, batch_size=self._identity.get("batch_size"),
+                        )  # fmt: skip
                     if not length and yielded:
                         return
                     continue  # loop_length 0: a pass that ended before this loop's first batch
@@ -247,27 +244,6 @@ class EnergonSFTDataLoader:
     def _count_members(self, batch: Any) -> None:
         if self._mixture is not None:
             self._mixture.count(batch.get("source_datasets"))
-
-    def _empty_pass(self, over: PassOver, newly_skipped: int) -> Exception:
-        if newly_skipped > 0:
-            return SampleFailureBudgetExceeded(
-                f"{self._source_name()}: a whole pass yielded no batch and skipped "
-                f"{newly_skipped} sample(s); every sample failed, so the data or the task "
-                "encoder is systematically broken (see the 'skipped sample' log lines)"
-            )
-        if self.filtered_samples:
-            return ValueError(
-                f"{self._source_name()}: a whole pass of this rank yielded no batch; the task "
-                f"encoder filtered out {self.filtered_samples} sample(s) (e.g. prompts over "
-                "max_sequence_length) and the rest did not fill one batch; raise "
-                "max_sequence_length or use a smaller batch size"
-            )
-        return ValueError(
-            f"{self._source_name()}: a whole pass of this rank yielded no batch; its "
-            f"{over.dropped} sample(s) did not fill one batch of batch_size "
-            f"{self._identity.get('batch_size')} in any worker; use a smaller batch size, fewer "
-            "workers or ranks, or more data"
-        )
 
     def _fatal(self, error: FatalSampleError) -> SampleFailureBudgetExceeded:
         return SampleFailureBudgetExceeded(
@@ -320,15 +296,14 @@ class EnergonSFTDataLoader:
         return self._mixture.to_json() if self._mixture is not None else None
 
     def _envelope(self, payload: bytes, position: dict[str, Any] | None, mixture: dict[str, Any] | None) -> dict[str, Any]:
-        return {
-            "backend": _BACKEND,
-            "format_version": _V2_STATE_FORMAT_VERSION,
+        fields = {
             "fingerprint": self._fingerprint,
             "identity": copy.deepcopy(self._identity),
             "loader_state": torch.frombuffer(bytearray(payload), dtype=torch.uint8).clone(),
             "position": position,
             **({"mixture": mixture} if mixture is not None else {}),
         }
+        return envelope(self.STATE_FORMAT, self.STATE_VERSION, fields, format_key="backend")
 
     def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> None:
         """Restore a state saved by a loader with the same identity, before iterating.
@@ -344,34 +319,20 @@ class EnergonSFTDataLoader:
             )
         if not isinstance(state, Mapping):
             raise ValueError(f"loader state must be a mapping, got {type(state).__name__}")
-        if state.get("backend") != _BACKEND:
+        if state.get("backend") != self.STATE_FORMAT:
             raise ValueError(
-                f"loader state backend is {state.get('backend')!r}, expected {_BACKEND!r}; "
+                f"loader state backend is {state.get('backend')!r}, expected {self.STATE_FORMAT!r}; "
                 "this state was saved by another dataloader backend"
             )
-        if state.get("format_version") != _V2_STATE_FORMAT_VERSION:
+        if state.get("format_version") != self.STATE_VERSION:
             raise ValueError(
                 f"loader state format_version is {state.get('format_version')!r}, this loader "
-                f"reads only format {_V2_STATE_FORMAT_VERSION}"
+                f"reads only format {self.STATE_VERSION}"
             )
-        saved_identity = state.get("identity")
-        changes = restore_differences(saved_identity, self._identity)
-        reweighted = weight_change_lines(changes)
-        lines = [line for line in changes if not (reweight and line in reweighted)]
-        # a fingerprint that does not match its own identity: the envelope was edited
-        saved_fingerprint = fingerprint(saved_identity) if not lines else None
-        if not lines and state.get("fingerprint") != saved_fingerprint:
-            found = brief(state.get("fingerprint"))
-            lines = [f"fingerprint {found} -> {brief(saved_fingerprint)}"]
-        if lines:
-            hint = ""
-            if reweighted and not reweight and len(reweighted) == len(lines):
-                hint = (
-                    "; only mixture weights changed: to continue with the new weights from each "
-                    "member's restored position, restore with reweight=True"
-                )
-            raise ValueError("Energon loader identity changed: " + "; ".join(lines) + hint)
-        mixture = self._saved_mixture(state.get("mixture"), reweighted if reweight else [])
+        reweighted = check_restorable(
+            state.get("identity"), self._identity, reweight=reweight, saved_fingerprint=state.get("fingerprint", "")
+        )
+        mixture = self._saved_mixture(state.get("mixture"), reweighted)
         payload = state.get("loader_state")
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             found = payload.dtype if isinstance(payload, torch.Tensor) else type(payload).__name__
@@ -462,47 +423,27 @@ def _worker_config(
     )
 
 
-def _task_encoder(
-    *,
-    loader_config: EnergonLoaderConfig,
-    adapter: Any,
-    include_source_ids: bool,
-    packing_algorithm: str | None,
-    max_sequences_per_bin: int | None,
-    max_sequence_length: int,
-    sequence_length_pad_multiple: int,
-    tokenizer: Any,
-    only_unmask_final: bool,
-    task_config: Any = None,
-    processor: Any = None,
-    source_datasets: Mapping[str, str] | None = None,
-    batch_format: str | None = None,
-) -> Any:
-    """The task encoder of the task ``loader_config.task_encoder`` names (:mod:`rl_data.tasks`).
-
-    ``task_config`` is that task's options (default: its config's defaults); ``processor`` is
-    passed to tasks that need the whole processor (media), default ``tokenizer``;
-    ``batch_format`` None: padded tensors for the tasks whose encoder can make them, else
-    message logs (``DataConfig.batch_format``).
-    """
-    task = get_task(loader_config.task_encoder)
+def _task_encoder(spec: LoaderSpec, task: Task, adapter: Any, processor: Any, members: Any) -> Any:
+    """The task encoder of ``task`` with the spec's options (``data_config["batch_format"]`` None:
+    padded tensors for the tasks whose encoder can make them, else message logs)."""
+    loader_config, batch_format = spec.data_config.energon, spec.data_config.batch_format
     if batch_format is None:
         batch_format = "tensors" if getattr(task.encoder_class, "TENSOR_BATCHES", False) else "message_log"
     return task.build_encoder(
-        config=task.config(task_config),
-        processor=tokenizer if processor is None else processor,
+        config=task.config(spec.data_config.task),
+        processor=processor,
         cooker=loader_config.cooker,
         adapter=adapter,
-        include_source_ids=include_source_ids,
-        packing_algorithm=packing_algorithm,
-        max_sequences_per_bin=max_sequences_per_bin,
-        max_sequence_length=max_sequence_length,
-        sequence_length_pad_multiple=sequence_length_pad_multiple,
-        tokenizer=tokenizer,
-        only_unmask_final=only_unmask_final,
+        include_source_ids=True,
+        packing_algorithm=spec.packing_algorithm,
+        max_sequences_per_bin=spec.max_sequences_per_bin,
+        max_sequence_length=spec.max_sequence_length,
+        sequence_length_pad_multiple=spec.sequence_length_pad_multiple,
+        tokenizer=adapter.tokenizer,
+        only_unmask_final=spec.only_unmask_final,
         packing_seed=loader_config.seed_offset,
         failure_tolerance=loader_config.max_consecutive_failures,
-        source_datasets=source_datasets,
+        source_datasets=member_names_by_path(members),
         batch_format=batch_format,
     )
 
@@ -533,17 +474,18 @@ def build_energon_sft_loader(
     sequence_length_pad_multiple: int,
     only_unmask_final: bool,
 ) -> EnergonSFTDataLoader:
-    """Build one loader for an explicit logical data shard and split.
+    """Build one loader for an explicit logical data shard and split (:func:`build_loader` of
+    the :class:`~rl_data.energon.loader_spec.LoaderSpec` these arguments make).
 
     ``data_config`` is a :class:`~rl_data.energon.config.DataConfig` (or its mapping):
-    ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block, whose
-    ``task_encoder`` names the task (:mod:`rl_data.tasks`) and ``data_config["task"]`` its
-    options; ``add_bos``, ``add_eos``, ``add_generation_prompt``, ``control_text`` and the
-    ``TaskDataSpec`` prompts (``prompt``, ``system_prompt``) set the formatting. Training reads ``source.split`` shuffled, forever: in exact passes
-    (``source.epoch_mode="exact"``, each worker dropping and counting its last partial batch)
-    or Energon's repeating stream (``"virtual"``); each ``for`` loop is
-    ``source.virtual_epoch_length`` batches, or one pass when that is 0. Validation reads it
-    once in order, keeps the last partial batch and stops after ``source.limit`` batches.
+    ``data_config["energon"]`` is the :class:`EnergonLoaderConfig` block, whose ``task`` names
+    the task (:mod:`rl_data.tasks`) and ``data_config["task"]`` its options; ``add_bos``,
+    ``add_eos``, ``add_generation_prompt``, ``control_text`` and the ``TaskDataSpec`` prompts
+    (``prompt``, ``system_prompt``) set the formatting. Training reads ``source.split``
+    shuffled, forever: in exact passes (``source.epoch_mode="exact"``, each worker dropping and
+    counting its last partial batch) or Energon's repeating stream (``"virtual"``); each ``for``
+    loop is ``source.virtual_epoch_length`` batches, or one pass when that is 0. Validation reads
+    it once in order, keeps the last partial batch and stops after ``source.limit`` batches.
     """
     data_config = validate_data_config(data_config)
     if processor is None:
@@ -552,30 +494,53 @@ def build_energon_sft_loader(
         )
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if split_role not in _SPLIT_ROLES:
+        raise ValueError(f"split_role must be one of {_SPLIT_ROLES}, got {split_role!r}")
+    try:
+        spec = LoaderSpec(
+            data_config=data_config, source=_source_config(source, name=f"{split_role} source"),
+            batch_size=batch_size, max_sequence_length=max_sequence_length, split_role=split_role,
+            packing_algorithm=packing_algorithm, max_sequences_per_bin=max_sequences_per_bin,
+            sequence_length_pad_multiple=sequence_length_pad_multiple, only_unmask_final=only_unmask_final,
+        )  # fmt: skip
+    except ValidationError as error:
+        raise ValueError(describe_errors(error)) from None
+    return build_loader(
+        spec, processor, logical_rank=logical_rank, logical_world_size=logical_world_size,
+        placement_fingerprint=placement_fingerprint,
+    )  # fmt: skip
+
+
+def build_loader(
+    spec: LoaderSpec,
+    processor: Any,
+    *,
+    logical_rank: int,
+    logical_world_size: int,
+    placement_fingerprint: str,
+    task: Task | None = None,
+) -> EnergonSFTDataLoader:
+    """Build the loader ``spec`` describes for one logical data shard.
+
+    ``processor``: the tokenizer or processor (``spec.load_processor_factory()()``); ``task``: the
+    task the spec names, when the caller resolved it already (the rank actors do).
+    """
+    if processor is None:
+        raise ValueError(
+            "processor is None; a tokenizer or a processor (with .tokenizer) is required"
+        )
     if not placement_fingerprint:
         raise ValueError(
             "placement_fingerprint is empty; pass the fingerprint of the logical placement so "
             "a state saved under another placement is refused"
         )
-    if split_role not in _SPLIT_ROLES:
-        raise ValueError(f"split_role must be one of {_SPLIT_ROLES}, got {split_role!r}")
+    data_config, source, split_role = spec.data_config, spec.source, spec.split_role
     loader_config = data_config.energon
-    task = get_task(loader_config.task_encoder)
+    if task is None:
+        task = spec.task()
+    elif task is not spec.task():
+        raise ValueError(f"build_loader was given task {task.name!r} for a spec of task {loader_config.task!r}")
     task_config = task.config(data_config.task)
-    source = _source_config(source, name=f"{split_role} source")
-    packing = loader_config.packing_buffer_size is not None
-    if packing_algorithm is not None:
-        packing_algorithm = parse_packing_algorithm(packing_algorithm).value
-    if packing and packing_algorithm is None:
-        raise ValueError(
-            f"packing_buffer_size is {loader_config.packing_buffer_size} but packing_algorithm "
-            "is None; set a packing algorithm or remove packing_buffer_size"
-        )
-    if packing_algorithm is not None and not packing:
-        raise ValueError(
-            f"packing_algorithm is {packing_algorithm!r} but packing_buffer_size is not set; "
-            "set data_config['energon']['packing_buffer_size'] to pack"
-        )
     shuffle: bool | None = None
     loop_length: int | None = None
     members = mixture_members(source)
@@ -604,35 +569,22 @@ def build_energon_sft_loader(
         shuffle = True
 
     adapter = ProcessorAdapter.from_processor(
-        processor, {**data_config.adapter_flags(), **task.adapter_overrides}, max_sequence_length
+        processor, {**data_config.adapter_flags(), **task.adapter_overrides}, spec.max_sequence_length
     )
     # Built and decided here, once: worker processes forked later inherit both (each built its own:
     # ~0.3 + 0.08 CPU-s per worker start), and a restore's first batch does not pay them.
     text_encoder(adapter.tokenizer)
     if getattr(adapter.tokenizer, "chat_template", None) is not None:  # no probe warning without one
         formatting_path(adapter.tokenizer)
+    compat.install()  # checks the Energon version, before anything of Energon is built
     worker_config = _worker_config(
         loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
     )
-    task_encoder = _task_encoder(
-        loader_config=loader_config,
-        adapter=adapter,
-        include_source_ids=True,
-        packing_algorithm=packing_algorithm,
-        max_sequences_per_bin=max_sequences_per_bin,
-        max_sequence_length=max_sequence_length,
-        sequence_length_pad_multiple=sequence_length_pad_multiple,
-        tokenizer=adapter.tokenizer,
-        only_unmask_final=only_unmask_final,
-        task_config=task_config,
-        processor=processor,
-        source_datasets=member_names_by_path(members),
-        batch_format=data_config.batch_format,
-    )
+    task_encoder = _task_encoder(spec, task, adapter, processor, members)
     common = dict(
         split_part=source.split,
         worker_config=worker_config,
-        batch_size=batch_size,
+        batch_size=spec.batch_size,
         packing_buffer_size=loader_config.packing_buffer_size,
         task_encoder=task_encoder,
     )
@@ -641,7 +593,7 @@ def build_energon_sft_loader(
     else:
         dataset = get_val_dataset(source.energon_source(), batch_drop_last=False, limit=source.limit, **common)
     workers = max(1, loader_config.num_workers)
-    loader = get_savable_loader(
+    loader = compat.SavableLoader(
         dataset,
         checkpoint_every_sec=loader_config.checkpoint_every_sec,
         checkpoint_every_min_n_samples=1,  # the period alone decides (Energon: 2 x workers batches)
@@ -657,7 +609,7 @@ def build_energon_sft_loader(
         loader_config=loader_config,
         adapter=adapter.identity_summary,
         split_role=split_role,
-        batch_size=batch_size,
+        batch_size=spec.batch_size,
         shuffle=shuffle,
         topology=_v2_topology(
             loader_config=loader_config,
@@ -665,10 +617,10 @@ def build_energon_sft_loader(
             logical_rank=logical_rank,
             logical_world_size=logical_world_size,
         ),
-        packing_algorithm=packing_algorithm,
-        max_sequences_per_bin=max_sequences_per_bin,
-        sequence_length_pad_multiple=sequence_length_pad_multiple,
-        only_unmask_final=only_unmask_final,
+        packing_algorithm=spec.packing_algorithm,
+        max_sequences_per_bin=spec.max_sequences_per_bin,
+        sequence_length_pad_multiple=spec.sequence_length_pad_multiple,
+        only_unmask_final=spec.only_unmask_final,
         mixture=members,
     )
     identity["components"] = task_encoder.component_versions

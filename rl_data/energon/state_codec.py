@@ -200,7 +200,8 @@ def _encode_with_cached_worker_states(state: SavableDataLoaderState, cache: Enco
 
 
 def decode_rank_state(data: bytes) -> Any:
-    """The rank state :func:`encode_rank_state` encoded; builds only the allow-listed types."""
+    """The rank state :func:`encode_rank_state` encoded (a ``SavableDataLoaderState`` or None);
+    builds only the allow-listed types."""
     if data[:1] == bytes([_PICKLE_MARK]):
         raise StateCodecError(
             "the Energon rank state is a pickle: it was saved by an older rl_data and cannot be "
@@ -225,9 +226,13 @@ def decode_rank_state(data: bytes) -> Any:
             "version or is damaged"
         )
     try:
-        return _decode(document["state"], "state")
+        state = _decode(document["state"], "state")
     except RecursionError:
         raise _invalid("state", "nested deeper than Python can decode") from None
+    if state is not None and type(state) is not SavableDataLoaderState:  # Energon: a bare AssertionError
+        expected = "expected a SavableDataLoaderState or null (the initial state)"
+        raise _invalid("state", f"a {type(state).__name__}, {expected}")
+    return state
 
 
 def _encode(value: Any, where: Any) -> Any:

@@ -10,9 +10,10 @@ before the next sample index, plus the samples to skip from it. Before a worker'
 answer is the state it was restored from (or the initial state), as
 ``SavableDatasetWrapper.get_initial_checkpoint`` gives it.
 
-Only loaders passed to :func:`ship_checkpoints` send checkpoints; their items then arrive as
-:class:`WithCheckpoint` and :class:`WorkerCheckpoints` takes them apart. The item inside travels
-as :mod:`rl_data.energon.worker_items` pickles it (small tensors inside the message).
+Only loaders passed to :func:`ship_checkpoints` send checkpoints (their workers run
+:meth:`rl_data.energon.compat.SavableDatasetWrapper.items_with_checkpoints`); their items then
+arrive as :class:`WithCheckpoint` and :class:`WorkerCheckpoints` takes them apart. The item inside
+travels as :mod:`rl_data.energon.worker_items` pickles it (small tensors inside the message).
 """
 
 from __future__ import annotations
@@ -20,21 +21,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from megatron.energon.savable_loader import (
-    SavableDataLoader,
-    SavableDataLoaderState,
-    SavableDatasetCheckpoint,
-    SavableDatasetWrapper,
-)
+from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from rl_data.energon import energon_fixes
+from rl_data.energon.compat import SavableDatasetWrapper, SavableLoader, internals
 from rl_data.energon.state_codec import EncodedValueCache
 from rl_data.energon.worker_items import dumps_item, loads_item
-
-#: Attribute set on a loader's ``SavableDatasetWrapper``: its workers send their checkpoints.
-_SHIP = "_rl_data_ship_checkpoints"
-_original_iter = SavableDatasetWrapper.__iter__
 
 
 class WithCheckpoint:
@@ -58,29 +50,15 @@ def _from_worker(item: bytes, checkpoint: tuple[int, Any] | None) -> WithCheckpo
     return WithCheckpoint(loads_item(item), checkpoint)
 
 
-def _iter_shipping(self: SavableDatasetWrapper):
-    """``SavableDatasetWrapper.__iter__`` that sends each new checkpoint with the next item."""
-    items = _original_iter(self)
-    if not getattr(self, _SHIP, False):
-        yield from items
-        return
-    sent = None
-    for worker_id, sample_index, item in items:
-        # runs while Energon's generator is suspended at its yield, after it stored a checkpoint
-        newest = self._last_checkpoints[-1]
-        checkpoint = None
-        if newest.sample_index != sent:
-            sent = newest.sample_index
-            checkpoint = (newest.sample_index, newest.state)
-        yield worker_id, sample_index, WithCheckpoint(item, checkpoint)
-
-
-def ship_checkpoints(loader: SavableDataLoader) -> None:
+def ship_checkpoints(loader: SavableLoader) -> None:
     """Make ``loader``'s workers send their checkpoints with their items (before its workers
     start, i.e. before the first ``iter()``)."""
     if not isinstance(loader.dataset, SavableDatasetWrapper):
-        raise TypeError(f"expected an Energon loader with worker processes, got {loader.dataset!r}")
-    setattr(loader.dataset, _SHIP, True)
+        raise TypeError(
+            f"ship_checkpoints found a loader whose workers run {type(loader.dataset).__qualname__}, expected "
+            "a rl_data.energon.compat.SavableLoader with worker processes; build it so (num_workers > 0)"
+        )
+    loader.dataset.envelope = WithCheckpoint
 
 
 class WorkerCheckpoints:
@@ -90,7 +68,7 @@ class WorkerCheckpoints:
     ``encoded`` keeps their JSON for the states that hold them again.
     """
 
-    def __init__(self, loader: SavableDataLoader) -> None:
+    def __init__(self, loader: SavableLoader) -> None:
         self._loader = loader
         self._per_worker: list[deque[tuple[int, Any]]] = []
         self.encoded = EncodedValueCache()
@@ -99,10 +77,9 @@ class WorkerCheckpoints:
     def reset(self) -> None:
         """Start from the state the loader restores (or the initial state): call after
         ``restore_state_rank``."""
-        wrapper = self._loader.dataset
         self._per_worker = [
             deque([(0 if state is None else state.sample_index, state)])
-            for state in wrapper._workers_restore_from
+            for state in internals.pending_restores(self._loader)
         ]
         self.encoded.clear()
 
@@ -131,7 +108,7 @@ class WorkerCheckpoints:
         return SavableDataLoaderState(
             worker_states=[self._checkpoint(w, counter) for w, counter in enumerate(counters)],
             next_worker_id=next_worker,
-            micro_batch_size=self._loader._get_batch_size(),
+            micro_batch_size=internals.micro_batch_size(self._loader),
         )
 
     def _checkpoint(self, worker: int, counter: int) -> SavableDatasetCheckpoint:
@@ -144,12 +121,3 @@ class WorkerCheckpoints:
             f"{[index for index, _ in self._per_worker[worker]]}); this is a bug in rl_data"
         )
 
-
-def apply(version: str | None = None) -> None:
-    """Install the worker side (idempotent); checked against the same Energon versions as
-    :mod:`rl_data.energon.energon_fixes`."""
-    energon_fixes._check_version(version or energon_fixes.megatron.energon.__version__)
-    SavableDatasetWrapper.__iter__ = _iter_shipping
-
-
-apply()

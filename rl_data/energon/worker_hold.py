@@ -14,23 +14,23 @@ the items and their order are torch's.
 Held workers have not entered Energon's ``SavableDatasetWrapper.__iter__`` (its command thread
 does not run yet): a loader under a hold must not send worker commands before the release
 (``RankStream`` answers states from shipped checkpoints, :mod:`rl_data.energon.worker_checkpoints`).
+The hold is the outermost part of the workers' iteration
+(:class:`rl_data.energon.compat.SavableDatasetWrapper` calls :meth:`WorkerHold.iterate`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from megatron.energon.savable_loader import SavableDataLoader, SavableDatasetWrapper
 from torch.utils.data import get_worker_info
 
-from rl_data.energon import worker_checkpoints  # noqa: F401  (patches __iter__ first: the hold wraps it)
+from rl_data.energon.compat import SavableDatasetWrapper, SavableLoader
 
-#: Attribute set on a loader's ``SavableDatasetWrapper``: the :class:`WorkerHold` of its workers.
-_HOLD = "_rl_data_worker_hold"
 #: How often a held worker checks that the loader's process is still alive.
 _PARENT_CHECK_S = 1.0
-_inner_iter = SavableDatasetWrapper.__iter__
 
 
 class WorkerHold:
@@ -62,36 +62,36 @@ class WorkerHold:
                 return False
         return not self._closing.is_set()
 
+    def iterate(self, start: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """In a worker: the items of ``start()`` (the worker's Energon iteration), started and
+        continued where the module doc says."""
+        worker = get_worker_info()
+        if worker is None or self.released:
+            yield from start()
+            return
+        parent_pid, first = os.getppid(), worker.id == 0
+        try:
+            if not first and not self.wait(parent_pid):
+                return
+            for item in start():
+                yield item
+                if first:  # resumed: torch asks worker 0 for its second batch
+                    first = False
+                    if not self.wait(parent_pid):
+                        return
+        finally:
+            if worker.id == 0:
+                self.release()  # worker 0 ended or failed: the loader's process goes on to the others
 
-def hold_back_workers(loader: SavableDataLoader) -> WorkerHold:
+
+def hold_back_workers(loader: SavableLoader) -> WorkerHold:
     """Put ``loader``'s workers under a new hold (before they start, i.e. before the first ``iter()``)."""
     if not isinstance(loader.dataset, SavableDatasetWrapper):
-        raise TypeError(f"expected an Energon loader with worker processes, got {loader.dataset!r}")
+        raise TypeError(
+            f"hold_back_workers found a loader whose workers run {type(loader.dataset).__qualname__}, "
+            "expected a rl_data.energon.compat.SavableLoader with worker processes; build it so "
+            "(num_workers > 0)"
+        )
     hold = WorkerHold()
-    setattr(loader.dataset, _HOLD, hold)
+    loader.dataset.hold = hold
     return hold
-
-
-def _iter_held(self: SavableDatasetWrapper):
-    """``SavableDatasetWrapper.__iter__`` that waits for the hold where the module doc says."""
-    hold: WorkerHold | None = getattr(self, _HOLD, None)
-    worker = get_worker_info()
-    if hold is None or worker is None or hold.released:
-        yield from _inner_iter(self)
-        return
-    parent_pid, first = os.getppid(), worker.id == 0
-    try:
-        if not first and not hold.wait(parent_pid):
-            return
-        for item in _inner_iter(self):
-            yield item
-            if first:  # resumed: torch asks worker 0 for its second batch
-                first = False
-                if not hold.wait(parent_pid):
-                    return
-    finally:
-        if worker.id == 0:
-            hold.release()  # worker 0 ended or failed: the loader's process goes on to the others
-
-
-SavableDatasetWrapper.__iter__ = _iter_held

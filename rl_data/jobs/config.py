@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.jobs.tasks import sft_demo_task
-from rl_data.tasks.base import TOKENIZER_FACTORY
+from rl_data.task_contract import TOKENIZER_FACTORY
 
 #: CPU share of one rank actor (and its placement-group bundle).
 RANK_CPUS = 0.5
@@ -145,7 +145,7 @@ class TrainDemoConfig(BaseModel):
     def loader_spec(self) -> LoaderSpec:
         """The train split of :attr:`dataset_path`, encoded by the task's encoder."""
         task = sft_demo_task(self.task)
-        energon: dict = {"shuffle_buffer_size": 64, "max_samples_per_sequence": 16, "task_encoder": task.name}
+        energon: dict = {"shuffle_buffer_size": 64, "max_samples_per_sequence": 16, "task": task.name}
         if self.packing is not None:
             energon["packing_buffer_size"] = 4 * self.batch_size
         data_config: dict[str, Any] = {"energon": energon, "shuffle": True}

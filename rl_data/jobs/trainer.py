@@ -49,7 +49,7 @@ class TrainingActor:
 
         import torch
 
-        from rl_data.distributed.metrics import batch_stats
+        from rl_data.batch_stats import batch_stats
         from rl_data.distributed.transfer import fetch_batch
 
         started = time.perf_counter()

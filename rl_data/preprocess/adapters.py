@@ -14,18 +14,17 @@ packages that module itself imports.
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rl_data.import_path import load_object
 from rl_data.preprocess.media import MEDIA_COLUMNS
 from rl_data.preprocess.validation import RowRejected
-
-Adapter = Callable[[dict[str, Any]], dict[str, Any]]
+from rl_data.task_contract import Adapter, AdapterSpec
+from rl_data.task_registry import registered_tasks
 
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
@@ -33,17 +32,6 @@ SHAREGPT_ROLES = {
     "observation": "tool",
 }
 _PLACEHOLDER = re.compile(r"<(image|video|audio)>")
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """A registered adapter and the key sets that identify its schema (any one set suffices)."""
-
-    name: str
-    fn: Adapter
-    detect_keys: tuple[frozenset[str], ...]
-    #: Detected only when a task restricts detection to its adapters (``--task``).
-    task_only: bool = False
 
 
 ADAPTERS: dict[str, AdapterSpec] = {}
@@ -66,10 +54,15 @@ def register_adapter(
 
 
 def _register_task_adapters() -> None:
-    """Import the registered tasks: task modules register their own adapters (e.g. ``gsm8k``)."""
-    from rl_data.tasks import registered_tasks
-
-    registered_tasks()
+    """Add the adapters the registered tasks define (e.g. ``rl_prompt``'s ``gsm8k``)."""
+    for task in registered_tasks().values():
+        for spec in task.adapter_specs:
+            known = ADAPTERS.setdefault(spec.name, spec)
+            if known.fn is not spec.fn:
+                raise ValueError(
+                    f"task {task.name!r} defines adapter {spec.name!r}, but another adapter has that name; "
+                    "rename one of them"
+                )
 
 
 @lru_cache(maxsize=None)
@@ -83,19 +76,12 @@ def resolve_adapter(name: str) -> Adapter:
             f"unknown adapter {name!r}; expected one of {sorted(ADAPTERS)}, 'auto', or an import "
             "path 'package.module:function'"
         )
-    module_name, _, attribute = name.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(
-            f"cannot load adapter {name!r}: {error}; the module must be importable on the "
-            "driver (on sys.path / PYTHONPATH) and define that function"
-        ) from error
+    fn = load_object(name, "adapter", hint="the module must be importable on the driver (on sys.path / PYTHONPATH) and define that function")
     if not callable(fn):
         raise ValueError(f"adapter {name!r} is a {type(fn).__name__}, not a callable(row) -> sample")
     from ray import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[module_name])
+    cloudpickle.register_pickle_by_value(sys.modules[name.partition(":")[0]])
     return fn
 
 

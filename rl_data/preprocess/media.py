@@ -32,6 +32,7 @@ from typing import Any
 
 from rl_data.energon.sample_format import MEDIA_EXTENSIONS, check_media_members, is_media_part
 from rl_data.preprocess.validation import RowRejected
+from rl_data.task_registry import schema_for_kind
 
 #: Part type -> the row column whose items parts without a source take, in order.
 MEDIA_COLUMNS = {"image": "images", "video": "videos", "audio": "audios"}
@@ -45,8 +46,6 @@ def resolve_media(sample: dict[str, Any], folder: str) -> tuple[dict[str, Any], 
     """
     resolver = _Resolver(folder, {t: _column(sample, name) for t, name in MEDIA_COLUMNS.items()})
     sample = {k: v for k, v in sample.items() if k not in MEDIA_COLUMNS.values()}
-    from rl_data.tasks import schema_for_kind
-
     for list_name in schema_for_kind(sample["kind"]).message_lists:
         if isinstance(sample.get(list_name), list):
             sample[list_name] = [resolver.message(m, f"{list_name}[{i}]") for i, m in enumerate(sample[list_name])]

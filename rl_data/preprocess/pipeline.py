@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from rl_data.energon.dataset_writer import DEFAULT_SPLITS, min_samples_for_splits
 from rl_data.preprocess import adapters, readers, transform, writer
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 from rl_data.preprocess.validation import RowRejected, parse_row
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 

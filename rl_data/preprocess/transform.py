@@ -34,7 +34,7 @@ from rl_data.energon.sample_format import SAMPLE_MEMBER, encode_sample
 from rl_data.preprocess.adapters import Adapter
 from rl_data.preprocess.media import resolve_media
 from rl_data.preprocess.validation import RowRejected, conversations_of, parse_row, text_view, validate_sample
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task, sample_schemas
 from rl_data.tokenization.tokenizer import load_tokenizer
 from rl_data.tokenization.validation import ControlTextError
 
@@ -143,8 +143,6 @@ def _adapt(adapt: Any, row: dict[str, Any]) -> dict[str, Any]:
         raise
     except Exception as error:  # a user adapter's bug is reported per row, not fatal
         raise RowRejected("adapter_error", f"{type(error).__name__}: {error}") from None
-    from rl_data.tasks import sample_schemas
-
     kinds = sorted(sample_schemas())
     if not isinstance(sample, dict) or sample.get("kind") not in kinds:
         raise RowRejected("adapter_error", f"adapter returned {sample!r:.80}; expected a dict with a 'kind' of {kinds}")

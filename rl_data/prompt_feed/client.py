@@ -2,12 +2,15 @@
 
     from rl_data.prompt_feed.client import attach_feed
 
-    rollout, trainer = attach_feed("rl_prompt_feed", namespace="rl_data", address="auto", holder="worker-3")
+    rollout, trainer = attach_feed(namespace="rl_data", address="auto", holder="worker-3")  # DEFAULT_FEED_NAME
     prompts = rollout.take(8, wait_s=5.0)      # TakenPrompt(uid, key, payload = one DatumSpec row)
     ...                                        # generate; on failure: rollout.release([p.uid])
     trainer.ack([p.uid for p in trained])      # or trainer.drop(uids, "uniform_reward")
     trainer.save_checkpoint("/ckpt/step_100/data")
     trainer.load_checkpoint("/ckpt/step_100/data")   # on resume: a fresh feed, or this live one (a rewind)
+
+``attach_feed`` and ``get_feed`` look for :data:`DEFAULT_FEED_NAME` unless given a name: where
+``start_prompt_feed`` registers a feed whose ``RuntimeConfig.name`` was left at its default.
 
 Every call waits at most ``timeout_s`` (``take`` also its ``wait_s``) and raises
 ``ray.exceptions.GetTimeoutError`` past it. A ``take`` that timed out on the client side may
@@ -20,6 +23,9 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from rl_data.distributed.client import connect_driver
 from rl_data.distributed.config import DEFAULT_NAMESPACE
+
+#: The actor name of a prompt feed started with ``RuntimeConfig.name`` left at its default.
+DEFAULT_FEED_NAME = "rl_data_prompt_feed"
 
 
 class FeedNotFoundError(LookupError):
@@ -68,13 +74,13 @@ class RolloutClient(_FeedCalls):
         return self._get(self.handle.take.remote(n, wait_s, self.holder), extra_s=wait_s or 0.0)
 
 
-
 class TrainerClient(_FeedCalls):
     """What the trainer calls: resolve prompts and checkpoint the feed with the model."""
 
     def release_holder(self, holder: str, keep: Sequence[Any] = ()) -> list[Any]:
         """Release every outstanding prompt ``holder`` took (a dead or preempted worker) except the
-        ones in ``keep`` (their results already reached you); return the released uids."""
+        ones in ``keep`` (their results already reached you: they stay outstanding, held by nobody,
+        until you ack, drop or release them); return the released uids."""
         return self._get(self.handle.release_holder.remote(holder, list(keep)))
 
     def save_checkpoint(self, directory: str) -> str:
@@ -107,7 +113,7 @@ class FeedClients(NamedTuple):
     trainer: TrainerClient
 
 
-def get_feed(name: str, namespace: str = DEFAULT_NAMESPACE) -> Any:
+def get_feed(name: str = DEFAULT_FEED_NAME, namespace: str = DEFAULT_NAMESPACE) -> Any:
     """The handle of the named feed (the driver must be connected to Ray)."""
     import ray
 
@@ -120,13 +126,13 @@ def get_feed(name: str, namespace: str = DEFAULT_NAMESPACE) -> Any:
     except ValueError:
         raise FeedNotFoundError(
             f"no prompt feed named {name!r} in Ray namespace {namespace!r}; start one with "
-            "rl_data.prompt_feed.feed.start_prompt_feed (RuntimeConfig.name/namespace must match) "
-            "and check that its job is still running"
+            "rl_data.prompt_feed.feed.start_prompt_feed (RuntimeConfig.name/namespace must match; a "
+            f"name left at its default registers as {DEFAULT_FEED_NAME!r}) and check that its job is still running"
         ) from None
 
 
 def attach_feed(
-    name: str,
+    name: str = DEFAULT_FEED_NAME,
     namespace: str = DEFAULT_NAMESPACE,
     address: Optional[str] = None,
     *,

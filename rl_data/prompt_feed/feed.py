@@ -27,24 +27,33 @@ Runtime:
   lock; ``take`` runs the ledger on a worker thread (producers fetch batches with ``ray.get``)
   so ``status`` answers meanwhile. The feed fetches every batch (it keeps payloads of
   unresolved prompts to hand them out again) and returns prompts by value.
-* A rank actor that dies (or loses a batch) is replaced in its bundle and restored to its
+* The rank actors are a :class:`~rl_data.distributed.rank_pool.RankPool`'s (as the data
+  coordinator's). One that dies (or loses a batch) is replaced in its bundle and restored to its
   producer's position (the loader state before the batch it was reading): nothing is lost or
   repeated. After ``max_rank_restarts`` deaths of one rank, ``take`` raises ``RankFailedError``.
+* The feed registers as ``config.name`` in ``config.namespace``; a config whose name was left at
+  the coordinator's default (``rl_data_coordinator``) registers as :data:`DEFAULT_FEED_NAME`
+  (``rl_data_prompt_feed``, what ``attach_feed`` looks for by default). The name is part of no
+  identity or fingerprint: a checkpoint restores into a feed of any name.
 * A ``take`` may name its ``holder`` (e.g. the rollout worker's name). The feed remembers which
   outstanding prompts each holder has, and ``release_holder(holder)`` releases all of them at
   once: what a supervisor calls when a worker died or was preempted, whose prompts nobody else
-  knows (minus the prompts whose results the supervisor already has: ``keep``). A ``take``
-  whose reply never reaches its caller leaves its prompts outstanding until
-  they are released; ``status()`` shows the outstanding prompts per holder and the oldest
-  hand-out's age (also a gauge).
+  knows. The prompts whose results the supervisor already has (``keep``) stay outstanding but
+  are **held by nobody** from then on: only an explicit ``ack``, ``drop`` or ``release`` resolves
+  them, so a restarted worker that takes under the same name (and is released again later)
+  never gives them back. A ``take`` whose reply never reaches its caller leaves its prompts
+  outstanding until they are released; ``status()`` shows the outstanding prompts per holder
+  and the oldest hand-out's age (also a gauge).
 * Checkpoints are written atomically with the project's checkpoint files on the feed's node
-  and refuse another placement layout or loader identity (nothing is restored then). A restore
-  that fails part way refuses ``take`` until a restore succeeds.
+  and refuse another placement layout or loader identity (nothing is restored then), changed
+  mixture weights included: the feed does not re-weight (the uids resolved above the low-water
+  mark name prompts drawn with the saved weights). A restore that fails part way refuses
+  ``take`` until a restore succeeds.
 * A restore works on a fresh feed (cheap: the rank actors load the states) and on a live one
   (a **rewind**, e.g. a trainer that crashed and resumes from its last checkpoint): once the
   checkpoint passed its checks, every outstanding, released and prefetched prompt is forgotten,
-  every rank actor is replaced by a fresh one in its bundle (not counted as a rank death), and
-  the ledger is rebuilt from the checkpoint. Holders and hand-out times are forgotten: resolving
+  every rank actor restores in place (a new loader in its own process, not a new actor, not a
+  rank death), and the ledger is rebuilt from the checkpoint. Holders and hand-out times are forgotten: resolving
   a uid handed out before the rewind raises ``UidStateError`` until the feed hands it out again.
   One restore at a time: a second ``load_state_dict`` while one is in flight is refused.
 """
@@ -52,7 +61,6 @@ Runtime:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections import Counter
@@ -61,39 +69,46 @@ from typing import Any, Optional, Sequence
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
-from ray.exceptions import RayActorError
 
 from rl_data.batched_data_dict import PooledList
 from rl_data.distributed.checkpoint_files import (
-    check_content_format,
     checkpoint_path,
     load_checkpoint_file,
     save_checkpoint_file,
 )
-from rl_data.distributed.config import LoaderSpec, RuntimeConfig
-from rl_data.distributed.coordinator import (
-    RankTimeoutError,
-    count_rank_death,
-    layout_fix,
-    refuse_if_restore_failed,
-)
-from rl_data.distributed.placement import (
-    RankPlacement,
-    adopt_placement_group,
-    create_rank_placement,
-    remove_leftover_placement_group,
-)
-from rl_data.distributed.rank_actor import RankActor
+from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig
+from rl_data.distributed.rank_pool import RankPool, holds_actor_name, spawn_rank_actor
+from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
 from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.metrics import FeedMetrics
 from rl_data.prompt_feed.producers import RankProducer, check_producer_state
+from rl_data.stateful import envelope, open_envelope
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_FORMAT_VERSION",
+    "DEFAULT_FEED_NAME",
+    "FeedConfig",
+    "PromptFeed",
+    "check_prompt_spec",
+    "feed_runtime_config",
+    "holds_actor_name",
+    "spawn_rank_actor",
+    "start_prompt_feed",
+]
 
 CHECKPOINT_FORMAT = "rl_data.prompt_feed"
 CHECKPOINT_FORMAT_VERSION = 1
 PROMPT_TASK = "rl_prompt"
 #: Seconds between two updates of the age gauge.
 GAUGE_PERIOD_S = 1.0
+#: Ends the refusal of a checkpoint whose only identity changes are mixture weights.
+FEED_REWEIGHT_HINT = (
+    "; only mixture weights changed: a prompt feed does not re-weight (the uids it resolved above "
+    "the checkpoint's low-water mark name prompts drawn with the saved weights); restore with the "
+    "weights the checkpoint was saved with, or start a new feed without this checkpoint"
+)
 
 
 class FeedConfig(BaseModel):
@@ -109,8 +124,8 @@ def check_prompt_spec(spec: LoaderSpec) -> None:
     """Refuse a loader that does not read ``rl_prompt`` training data in exact passes (epoch e =
     pass e) or in ``virtual`` mode (one endless epoch 0: what a mixture of datasets gives)."""
     problems = []
-    if spec.data_config.energon.task_encoder != PROMPT_TASK:
-        problems.append(f"data_config.energon.task_encoder is {spec.data_config.energon.task_encoder!r}, expected {PROMPT_TASK!r}")
+    if spec.data_config.energon.task != PROMPT_TASK:
+        problems.append(f"data_config['energon']['task'] is {spec.data_config.energon.task!r}, expected {PROMPT_TASK!r}")
     if spec.split_role != "train":
         problems.append(f"split_role is {spec.split_role!r}, expected 'train'")
     if spec.source.epoch_mode == "exact" and spec.source.virtual_epoch_length != 0:
@@ -122,45 +137,15 @@ def check_prompt_spec(spec: LoaderSpec) -> None:
         raise ValueError("a prompt feed needs RL prompts in exact passes or one endless epoch: " + "; ".join(problems))
 
 
-def holds_actor_name(name: str, namespace: str) -> bool:
-    """Whether the calling actor is the one registered as ``name`` in ``namespace``."""
-    try:
-        holder = ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return False
-    return holder._actor_id.hex() == ray.get_runtime_context().get_actor_id()
-
-
-def spawn_rank_actor(
-    config: RuntimeConfig, spec: LoaderSpec, placement: RankPlacement, rank: int, actor_name: str
-) -> Any:
-    """A new :class:`RankActor` for ``rank`` in its bundle, named ``actor_name`` (nothing restored).
-
-    Its metrics are tagged ``coordinator=config.name``.
-    """
-    return (
-        ray.remote(RankActor)
-        .options(
-            name=actor_name,
-            namespace=config.namespace,
-            num_cpus=config.rank_actor_num_cpus,
-            scheduling_strategy=placement.scheduling_strategy(rank),
-            max_restarts=0,
-        )
-        .remote(
-            rank=rank,
-            world_size=config.world_size,
-            placement_fingerprint=placement.fingerprint,
-            loader_spec=spec,
-            prefetch_depth=config.prefetch_depth,
-            injected_delay_s=config.injected_delay_s.get(rank, 0.0),
-            coordinator_name=config.name,
-        )
-    )
+def feed_runtime_config(config: RuntimeConfig) -> RuntimeConfig:
+    """``config`` as a feed runs it: a name left at the coordinator's default becomes :data:`DEFAULT_FEED_NAME`."""
+    return config.model_copy(update={"name": DEFAULT_FEED_NAME}) if config.name == DEFAULT_NAME else config
 
 
 class PromptFeed:
-    """Serves RL prompts exactly once each to concurrent callers (run as a named Ray actor)."""
+    """Serves RL prompts exactly once each to concurrent callers from a :class:`RankPool` (run as a named Ray actor)."""
+
+    STATE_FORMAT, STATE_VERSION = CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION  # (rl_data.stateful)
 
     def __init__(
         self,
@@ -171,27 +156,15 @@ class PromptFeed:
         bundle_of_rank: Optional[Sequence[int]] = None,
     ) -> None:
         check_prompt_spec(loader_spec)
-        self._config, self._spec, self._feed_config = config, loader_spec, feed_config
+        config = feed_runtime_config(config)
+        self._config, self._feed_config = config, feed_config
         self._metrics = FeedMetrics(config.name)
-        if placement_group is None:
-            if holds_actor_name(config.name, config.namespace):
-                remove_leftover_placement_group(config)
-            self._placement = create_rank_placement(config)
-        else:
-            self._placement = adopt_placement_group(placement_group, bundle_of_rank or (), config)
-        self._instance = os.urandom(3).hex()
-        self._rewinds = 0  # rank actors replaced by a rewind (part of their names)
-        self._restarts = [0] * config.world_size
-        self._ranks = [self._spawn(rank) for rank in range(config.world_size)]
+        self._pool = RankPool(config, loader_spec, owner="feed", placement_group=placement_group, bundle_of_rank=bundle_of_rank)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-feed")
         self._changed = asyncio.Condition()  # its lock serialises every ledger call
-        self._ready_lock = asyncio.Lock()
-        self._initial_states: list[dict[str, Any]] = []
         self._producers: list[RankProducer] = []
         self._ledger: Optional[PromptLedger] = None
         self._fresh_ranks = True  # no rank actor produced a batch (no take since they were spawned)
-        self._restoring = False  # a load_checkpoint/load_state_dict is in flight
-        self._restore_failure: Optional[str] = None
         self._handed_at: dict[Uid, float] = {}  # outstanding uid -> when handed out, oldest first
         self._holder_of: dict[Uid, str] = {}  # outstanding uid -> the holder named in its take
         self._totals = {"taken": 0, "acked": 0, "dropped": 0, "released": 0}
@@ -216,7 +189,7 @@ class PromptFeed:
         await self._ensure_ready()
         want = min(n, self._feed_config.max_outstanding)
         async with self._changed:
-            self._refuse_if_restore_failed("take")
+            self._pool.refuse_if_restore_failed("take")
             if wait > 0:
                 try:
                     await asyncio.wait_for(
@@ -225,7 +198,7 @@ class PromptFeed:
                     )
                 except asyncio.TimeoutError:
                     pass  # the lock is held again: take what fits
-            self._refuse_if_restore_failed("take")
+            self._pool.refuse_if_restore_failed("take")
             self._fresh_ranks = False
             taken = PooledList(await self._in_thread(self._ledger.take, n))
             now = time.monotonic()
@@ -261,15 +234,20 @@ class PromptFeed:
         those in ``keep``; return the released uids.
 
         ``keep``: the prompts whose results already reached the caller (e.g. groups the worker
-        returned that wait in the trainer's buffer): they stay outstanding, to be acked or dropped.
+        returned that wait in the trainer's buffer): they stay outstanding and are held by nobody
+        from now on, to be acked, dropped or released explicitly (a later ``release_holder`` of
+        the same name, e.g. for a restarted worker, does not release them).
         """
         kept = {Uid(*uid) for uid in keep}
         await self._ensure_ready()
         async with self._changed:
-            self._refuse_if_restore_failed("release_holder")
-            uids = sorted(uid for uid, owner in self._holder_of.items() if owner == holder and uid not in kept)
+            self._pool.refuse_if_restore_failed("release_holder")
+            held = sorted(uid for uid, owner in self._holder_of.items() if owner == holder)
+            uids = [uid for uid in held if uid not in kept]
             self._ledger.release(uids)
             self._forget(uids)
+            for uid in held:  # the kept ones stay outstanding, held by nobody
+                self._holder_of.pop(uid, None)
             self._totals["released"] += len(uids)
             self._record_levels()
             self._changed.notify_all()
@@ -285,48 +263,39 @@ class PromptFeed:
         busy = self._changed.locked()
         if not busy and self._ledger is not None:
             self._summary = self._ledger.summary()
-        ranks = []
-        for rank, actor in enumerate(list(self._ranks)):
-            try:
-                ranks.append(await asyncio.wait_for(asyncio.wrap_future(actor.status.remote().future()), 10))
-            except (asyncio.TimeoutError, RayActorError) as error:
-                ranks.append({"rank": rank, "activity": f"not answering ({type(error).__name__})"})
+        ranks = await self._pool.status()  # placement_fingerprint, restarts, restore_failure, rank_actor_names, ranks
         return {
             **self._summary,
+            **ranks,
             "busy": busy,
             "pid": os.getpid(),
             "max_outstanding": self._feed_config.max_outstanding,
             "oldest_outstanding_age_s": self._oldest_age(),
             "outstanding_by_holder": dict(Counter(self._holder_of.values())),
             "totals": dict(self._totals),
-            "placement_fingerprint": self._placement.fingerprint,
-            "restarts": list(self._restarts),
-            "restore_failure": self._restore_failure,
-            "rank_actor_names": [self._rank_actor_name(r) for r in range(len(self._ranks))],
-            "ranks": ranks,
         }
 
     async def state_dict(self) -> dict[str, Any]:
         """The checkpoint (loads with ``torch.load(weights_only=True)``)."""
         await self._ensure_ready()
         async with self._changed:
-            self._refuse_if_restore_failed("state_dict")
-            return {
-                "format": CHECKPOINT_FORMAT,
-                "format_version": CHECKPOINT_FORMAT_VERSION,
-                "placement": {"fingerprint": self._placement.fingerprint, "layout": self._placement.layout},
+            self._pool.refuse_if_restore_failed("state_dict")
+            placement = self._pool.placement
+            return envelope(self.STATE_FORMAT, self.STATE_VERSION, {
+                "placement": {"fingerprint": placement.fingerprint, "layout": placement.layout},
                 "ledger": self._ledger.state_dict(),
-            }
+            })
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint, all or nothing, into a fresh feed or a live one (a rewind, see the module doc).
 
         Refuses (``ValueError``, nothing changed: a live feed keeps serving) another format,
-        placement layout or loader identity, or a malformed checkpoint; refuses (``RuntimeError``)
-        a call while another restore of this feed is in flight. If restoring the ranks fails
-        part way, ``take`` and the resolving calls are refused until a restore succeeds.
+        placement layout or loader identity (changed mixture weights too), or a malformed
+        checkpoint; refuses (``RuntimeError``) a call while another restore of this feed is in
+        flight. If restoring the ranks fails part way, ``take`` and the resolving calls are
+        refused until a restore succeeds.
         """
-        with self._restore_slot():
+        with self._pool.restore_slot("load_state_dict"):
             await self._restore(state)
 
     async def _restore(self, state: dict[str, Any]) -> None:
@@ -334,17 +303,13 @@ class PromptFeed:
         async with self._changed:
             self._check_checkpoint(state)
             rewind = not self._fresh_ranks
-            self._restore_failure = "restoring a checkpoint did not finish"
-            try:
+            self._fresh_ranks = False  # no rank state is trusted until a restore succeeds
+            with self._pool.restoring("a checkpoint"):
                 if rewind:
-                    self._respawn_ranks()
+                    self._renew_producers()
                 ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
                 await self._in_thread(ledger.load_state_dict, state["ledger"])
-            except BaseException as error:
-                self._restore_failure = f"restoring a checkpoint failed: {error}"
-                self._fresh_ranks = False  # respawn on the next attempt: no rank state is trusted
-                raise
-            self._restore_failure = None
+            self._fresh_ranks = True  # restored, nothing produced yet
             self._ledger = ledger
             self._summary = ledger.summary()
             self._handed_at.clear()
@@ -352,21 +317,6 @@ class PromptFeed:
             self._metrics.record_restore("rewind" if rewind else "checkpoint")
             self._record_levels()
             self._changed.notify_all()  # takes waiting for room see the emptied window
-
-    @contextlib.contextmanager
-    def _restore_slot(self) -> Any:
-        """Hold the feed's one restore slot; refuse a second restore instead of queueing it."""
-        if self._restoring:
-            raise RuntimeError(
-                "load_state_dict/load_checkpoint refused: another restore of this feed is in flight; "
-                "expected one restore at a time: wait for the first one to return (it raises if it "
-                "failed), then restore again if needed"
-            )
-        self._restoring = True
-        try:
-            yield
-        finally:
-            self._restoring = False
 
     async def save_checkpoint(self, directory: str) -> str:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node); return the file."""
@@ -377,7 +327,7 @@ class PromptFeed:
     async def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save_checkpoint` (into a fresh or a live feed, as
         :meth:`load_state_dict`); return the restored ledger summary."""
-        with self._restore_slot():
+        with self._pool.restore_slot("load_checkpoint"):
             path = checkpoint_path(directory)
             state = await asyncio.get_running_loop().run_in_executor(None, load_checkpoint_file, path)
             await self._restore(state)
@@ -387,36 +337,15 @@ class PromptFeed:
         """Kill the rank actors and remove the placement group if this feed made it."""
         if self._gauges is not None:
             self._gauges.cancel()
-        for actor in self._ranks:
-            ray.kill(actor, no_restart=True)
-        self._placement.release()
+        self._pool.shutdown()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _ensure_ready(self) -> None:
-        """Once: wait for the bundles and every rank's initial loader state; build the ledger."""
+        """Once: wait for the ranks (bundles and initial loader states); build the ledger."""
         if self._ledger is not None:
             return
-        async with self._ready_lock:
-            if self._ledger is not None:
-                return
-            timeout = self._config.control_timeout_s
-            layout = self._placement.layout
-            try:
-                await asyncio.wait_for(asyncio.wrap_future(self._placement.placement_group.ready().future()), timeout)
-            except asyncio.TimeoutError:
-                raise RankTimeoutError(
-                    f"the prompt feed could not reserve its placement group (bundles {layout['bundles']}, "
-                    f"{layout['strategy']}) within {timeout:g} s; check that the cluster has these resources free"
-                ) from None
-            calls = [asyncio.wrap_future(actor.state_dict.remote().future()) for actor in self._ranks]
-            try:
-                states = await asyncio.wait_for(asyncio.gather(*calls), timeout)
-            except asyncio.TimeoutError:
-                raise RankTimeoutError(
-                    f"the rank actors did not build their loaders within {timeout:g} s; raise "
-                    "RuntimeConfig.control_timeout_s if they are only slow"
-                ) from None
-            self._initial_states = list(states)
+        states = await self._pool.ready()
+        if self._ledger is None:  # a concurrent call may have built it
             self._producers = [self._producer(rank, state) for rank, state in enumerate(states)]
             self._ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
             self._summary = self._ledger.summary()
@@ -426,7 +355,7 @@ class PromptFeed:
         """Run the ledger's ``action`` (all or nothing), forget the uids' hand-out times, wake waiting takes."""
         await self._ensure_ready()
         async with self._changed:
-            self._refuse_if_restore_failed(action)
+            self._pool.refuse_if_restore_failed(action)
             call()
             self._forget(Uid(*uid) for uid in uids)
             self._totals[total] += len(uids)
@@ -462,15 +391,9 @@ class PromptFeed:
             if not self._changed.locked():
                 self._record_levels()
 
-    def _refuse_if_restore_failed(self, call: str) -> None:
-        refuse_if_restore_failed(self._restore_failure, call)
-
     def _check_checkpoint(self, state: Any) -> None:
         """Refuse a checkpoint of another format, layout or loader identity (nothing is changed)."""
-        from rl_data.energon.identity import restore_differences
-        from rl_data.fingerprint import differences
-
-        check_content_format(state, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_FORMAT_VERSION, what="prompt feed")
+        open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="prompt feed")
         placement, ledger = state.get("placement"), state.get("ledger")
         producers = ledger.get("producers") if isinstance(ledger, dict) else None
         if (
@@ -484,52 +407,28 @@ class PromptFeed:
                 "{'producers': [{'loader': ...}, ...], ...}}; it was not written by save_checkpoint of "
                 "this version, restore from another checkpoint"
             )
-        lines = differences(placement["layout"], self._placement.layout)
-        if lines:
-            raise ValueError("Placement layout changed: " + "; ".join(lines) + "; " + layout_fix(placement["layout"]))
-        if len(producers) != len(self._producers):
-            raise ValueError(
-                f"prompt feed checkpoint holds {len(producers)} rank states for logical world size "
-                f"{len(self._producers)}; the checkpoint is damaged"
-            )
-        for rank, (saved, current) in enumerate(zip(producers, self._initial_states)):
-            lines = restore_differences(saved["loader"].get("identity"), current.get("identity"))
-            if lines:
-                raise ValueError(f"rank {rank}: Energon loader identity changed: " + "; ".join(lines))
+        identities = [saved["loader"].get("identity") for saved in producers]
+        self._pool.check_checkpoint(placement["layout"], identities, reweight_hint=FEED_REWEIGHT_HINT)
+        for rank, saved in enumerate(producers):
             check_producer_state(rank, saved)
         self._ledger.check_state_dict(ledger)
 
-    def _respawn_ranks(self) -> None:
-        """Replace every rank actor by a fresh one in its bundle, with fresh producers (a rewind:
-        not a rank death). New names: ``ray.kill`` frees the old ones asynchronously."""
-        for actor in self._ranks:
-            ray.kill(actor, no_restart=True)
-        self._rewinds += 1
-        self._ranks = [self._spawn(rank) for rank in range(self._config.world_size)]
-        self._producers = [self._producer(rank, state) for rank, state in enumerate(self._initial_states)]
-        self._fresh_ranks = True
+    def _renew_producers(self) -> None:
+        """A rewind: fresh producers over the same rank actors (each restores in place when the
+        ledger loads the checkpoint: ``RankActor.load_state_dict`` rebuilds its loader)."""
+        self._producers = [self._producer(rank, state) for rank, state in enumerate(self._pool.initial_states)]
 
     def _replace(self, rank: int, cause: BaseException) -> Any:
-        """Kill rank's actor, start a fresh one in its bundle (the producer restores it); on the worker thread."""
-        count_rank_death(self._restarts, rank, self._config.max_rank_restarts, cause)
-        ray.kill(self._ranks[rank], no_restart=True)
-        self._ranks[rank] = self._spawn(rank)
+        """Count rank's death and start a fresh actor in its bundle (the producer restores it); on the worker thread."""
+        actor = self._pool.replace(rank, cause, "serving prompts")
         self._metrics.record_restore("rank_recovery")
-        return self._ranks[rank]
+        return actor
 
     def _producer(self, rank: int, initial_state: dict[str, Any]) -> RankProducer:
         return RankProducer(
-            rank, self._ranks[rank], initial_state, replace=self._replace,
+            rank, self._pool.actors[rank], initial_state, replace=self._replace,
             batch_timeout_s=self._config.step_timeout_s, control_timeout_s=self._config.control_timeout_s,
         )  # fmt: skip
-
-    def _spawn(self, rank: int) -> Any:
-        return spawn_rank_actor(self._config, self._spec, self._placement, rank, self._rank_actor_name(rank))
-
-    def _rank_actor_name(self, rank: int) -> str:
-        """``<feed name>.<instance>[-w<rewinds>].rank<r>.<deaths so far>`` (listed in :meth:`status`)."""
-        instance = f"{self._instance}-w{self._rewinds}" if self._rewinds else self._instance
-        return f"{self._config.name}.{instance}.rank{rank}.{self._restarts[rank]}"
 
 
 def start_prompt_feed(
@@ -540,8 +439,10 @@ def start_prompt_feed(
     placement_group: Any = None,
     bundle_of_rank: Optional[Sequence[int]] = None,
 ) -> Any:
-    """Create the named feed actor (``config.name`` in ``config.namespace``), wait until every rank is ready."""
+    """Create the named feed actor (``config.name``, or :data:`DEFAULT_FEED_NAME` when it was left
+    at the coordinator's default, in ``config.namespace``), wait until every rank is ready."""
     check_prompt_spec(loader_spec)
+    config = feed_runtime_config(config)
     handle = (
         ray.remote(PromptFeed)
         .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0, lifetime=config.lifetime)

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
+from rl_data.stateful import envelope, open_envelope
 
 OUTSTANDING, RELEASED, ACKED, DROPPED = "outstanding", "released", "acked", "dropped"
 
@@ -96,12 +97,11 @@ class EpochCounts:
 class PromptLedger:
     """Exactly-once bookkeeping of an async prompt feed (see module doc)."""
 
-    FORMAT = "rl_data.prompt_feed.ledger"
-    FORMAT_VERSION = 1
-    KEY_FORMAT, KEY_VERSION = "format", "format_version"
+    STATE_FORMAT = "rl_data.prompt_feed.ledger"
+    STATE_VERSION = 1
     KEY_PRODUCERS, KEY_CURSOR = "producers", "cursor"
     KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS = "acked", "dropped", "frontier", "epochs"
-    STATE_KEYS = (KEY_FORMAT, KEY_VERSION, KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
+    STATE_KEYS = (KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
 
     def __init__(self, producers: Sequence[Producer], *, max_outstanding: int) -> None:
         if type(max_outstanding) is not int or max_outstanding < 1:
@@ -206,9 +206,7 @@ class PromptLedger:
         """The checkpoint: the position at the low-water mark plus what was resolved above it."""
         states, cursor = self._stream.position_before(self._journal)
         resolved = sorted(self._state.items())
-        return {
-            self.KEY_FORMAT: self.FORMAT,
-            self.KEY_VERSION: self.FORMAT_VERSION,
+        return envelope(self.STATE_FORMAT, self.STATE_VERSION, {
             self.KEY_PRODUCERS: states,
             self.KEY_CURSOR: cursor.to_json(),
             self.KEY_ACKED: [list(uid) for uid, state in resolved if state == ACKED],
@@ -219,7 +217,7 @@ class PromptLedger:
                  "acked": c.acked, "dropped": dict(c.dropped)}
                 for e, c in sorted(self._epochs.items())
             ],  # fmt: skip
-        }
+        })
 
     def check_state_dict(self, state: Any) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` for its form
@@ -333,16 +331,7 @@ class PromptLedger:
         return "not handed out since the restore", "take it again: a restore hands out every unresolved prompt again"
 
     def _checked_state(self, state: Any) -> tuple[list[Any], Cursor, list[Uid], list[Uid], Uid, dict[int, EpochCounts]]:
-        if not isinstance(state, dict) or state.get(self.KEY_FORMAT) != self.FORMAT:
-            found = state.get(self.KEY_FORMAT) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a prompt ledger checkpoint: format {found!r}, expected {self.FORMAT!r}")
-        if state.get(self.KEY_VERSION) != self.FORMAT_VERSION:
-            raise ValueError(
-                f"prompt ledger checkpoint format version {state.get(self.KEY_VERSION)!r}, expected "
-                f"{self.FORMAT_VERSION}; restore it with the rl_data version that saved it"
-            )
-        if set(state) != set(self.STATE_KEYS):
-            raise ValueError(f"prompt ledger checkpoint keys {sorted(state)}, expected {sorted(self.STATE_KEYS)}")
+        state = open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="prompt ledger", fields=self.STATE_KEYS)
         count = len(self._stream.producers)
         producers = state[self.KEY_PRODUCERS]
         if not isinstance(producers, list) or len(producers) != count:

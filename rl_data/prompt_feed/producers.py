@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError
+from rl_data.distributed.rank_pool import RankFailedError, RankTimeoutError
 from rl_data.prompt_feed.merge import PASS_END, Item, PassEnd
 
 #: The fields of a :class:`RankProducer` state.

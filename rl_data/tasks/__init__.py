@@ -1,108 +1,28 @@
-"""The task registry: every sample kind the project reads, looked up by name or stored kind.
+"""The built-in tasks, one module per sample kind, and the task API users write tasks with.
 
-Built-in tasks are the modules listed in :data:`BUILTIN_TASK_MODULES` (one line per task;
-each module defines ``TASK``), imported on first lookup so that importing this package stays
-cheap. A task outside the package is named by import path, ``"package.module:ATTRIBUTE"``
-(the attribute must be a :class:`Task`); it is imported and registered wherever it is looked
-up, so rank actors and preprocess workers on other nodes need only that module importable.
+``from rl_data.tasks import Task, TaskConfig, SampleSchema, AdapterSpec, register_task, get_task``:
+the contract (:mod:`rl_data.task_contract`) and the registry (:mod:`rl_data.task_registry`) are
+re-exported here. The built-in task modules (``chat_sft``, ``vlm_sft``, ``preference``,
+``rl_prompt``) each define ``TASK``; the registry imports them by name on first lookup.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from rl_data.tasks.base import DemoData, SampleSchema, Task, TaskConfig
-
-#: Built-in task modules, one per task; each defines ``TASK``.
-BUILTIN_TASK_MODULES = (
-    "rl_data.tasks.chat_sft",
-    "rl_data.tasks.vlm_sft",
-    "rl_data.tasks.preference",
-    "rl_data.tasks.rl_prompt",
+from rl_data.task_contract import AdapterSpec, DemoData, SampleSchema, Task, TaskConfig
+from rl_data.task_registry import (
+    BUILTIN_TASK_MODULES,
+    find_schema,
+    get_task,
+    register_task,
+    registered_tasks,
+    sample_schemas,
+    schema_for_kind,
+    tasks_for_kind,
 )
-
-_TASKS: dict[str, Task] = {}
-_builtins_loaded = False
-
-
-def registered_tasks() -> dict[str, Task]:
-    """The built-in tasks (and any registered with :func:`register_task`) by name."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        for module in BUILTIN_TASK_MODULES:
-            register_task(importlib.import_module(module).TASK)
-        _builtins_loaded = True
-    return dict(_TASKS)
-
-
-def register_task(task: Task) -> Task:
-    """Register ``task`` under its name (again registering the same object is a no-op)."""
-    if not isinstance(task, Task):
-        raise TypeError(f"register_task expects a rl_data.tasks.Task, got {type(task).__name__}")
-    existing = _TASKS.get(task.name)
-    if existing is not None and existing is not task:
-        raise ValueError(f"a different task is already registered as {task.name!r}; pick another name")
-    _TASKS[task.name] = task
-    return task
-
-
-def get_task(name: str) -> Task:
-    """The task registered as ``name``, or the :class:`Task` at import path ``"pkg.module:ATTR"``."""
-    if name in _TASKS:
-        return _TASKS[name]
-    builtin = f"{__name__}.{name}"
-    if builtin in BUILTIN_TASK_MODULES:  # import only this task (a rank actor needs one)
-        return register_task(importlib.import_module(builtin).TASK)
-    tasks = registered_tasks()
-    if name in tasks:
-        return tasks[name]
-    if ":" not in str(name):
-        raise ValueError(
-            f"unknown task {name!r}; registered tasks are {sorted(tasks)}, or give an import "
-            "path 'package.module:ATTRIBUTE' of a rl_data.tasks.Task"
-        )
-    module_name, _, attribute = name.partition(":")
-    try:
-        task = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"cannot import task {name!r}: {error}") from error
-    if not isinstance(task, Task):
-        raise ValueError(f"{name!r} is a {type(task).__name__}, not a rl_data.tasks.Task")
-    return register_task(task)  # its stored kind is known in this process from now on
-
-
-def sample_schemas() -> dict[str, SampleSchema]:
-    """Every stored sample kind of the registered tasks, by kind."""
-    return {task.schema.kind: task.schema for task in registered_tasks().values()}
-
-
-def find_schema(kind: Any) -> SampleSchema | None:
-    """The schema of stored kind ``kind``, or None. Cheap per sample: the built-in tasks are
-    imported only for a kind that no task imported so far reads (a rank actor imports one)."""
-    if not isinstance(kind, str):
-        return None
-    for task in _TASKS.values():
-        if task.schema.kind == kind:
-            return task.schema
-    return sample_schemas().get(kind)
-
-
-def schema_for_kind(kind: Any) -> SampleSchema:
-    """The schema of stored kind ``kind`` (``ValueError`` naming the known kinds otherwise)."""
-    schema = find_schema(kind)
-    if schema is None:
-        raise ValueError(f"sample kind {kind!r} is not one of {sorted(sample_schemas())}; set sample['kind']")
-    return schema
-
-
-def tasks_for_kind(kind: str) -> list[str]:
-    """Names of the tasks that read stored kind ``kind`` (for error messages)."""
-    return sorted(name for name, task in registered_tasks().items() if task.schema.kind == kind)
-
 
 __all__ = [
     "BUILTIN_TASK_MODULES",
+    "AdapterSpec",
     "DemoData",
     "SampleSchema",
     "Task",

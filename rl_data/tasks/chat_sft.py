@@ -9,21 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rl_data.demo_data import write_chitchat_rows
+from rl_data.energon.sample_validation import validate_conversation
 from rl_data.energon.task_encoders.chat_sft import ChatSFTTaskEncoder
 from rl_data.energon.task_encoders.cookers import ChatCooker
-from rl_data.tasks.base import DemoData, SampleSchema, Task
+from rl_data.task_contract import DemoData, SampleSchema, Task
 
 
 def _validate(sample: Mapping[str, Any], media: bool) -> None:
-    from rl_data.preprocess.validation import validate_conversation
-
     validate_conversation(sample.get("messages"), where="", media=media)
-
-
-def _write_chitchat_rows(path: Any, limit: int) -> int:
-    from rl_data.jobs.task_data import write_chitchat_rows
-
-    return write_chitchat_rows(path, limit)
 
 
 SFT_SCHEMA = SampleSchema(
@@ -41,7 +35,7 @@ TASK = Task(
     adapters=("openai", "sharegpt", "alpaca", "prompt_response"),
     demo=DemoData(
         description="multi-turn chat SFT on the chitchat conversations (chitchat-dataset wheel)",
-        write_raw_rows=_write_chitchat_rows,
+        write_raw_rows=write_chitchat_rows,
         adapter="openai",
     ),
 )

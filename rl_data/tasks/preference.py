@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rl_data.demo_data import write_chitchat_preference_rows
+from rl_data.energon.sample_validation import RowRejected, validate_conversation
 from rl_data.energon.task_encoders.preference import PreferenceCooker, PreferenceTaskEncoder
-from rl_data.tasks.base import DemoData, SampleSchema, Task
+from rl_data.task_contract import DemoData, SampleSchema, Task
 
 
 def _validate(sample: Mapping[str, Any], media: bool) -> None:
-    from rl_data.preprocess.validation import RowRejected, validate_conversation
-
     for field in ("context", "chosen", "rejected"):
         if not isinstance(sample.get(field), list) or (field != "context" and not sample[field]):
             raise RowRejected("missing_field", f"preference {field!r} must be a non-empty list of messages")
@@ -25,12 +25,6 @@ def _validate(sample: Mapping[str, Any], media: bool) -> None:
             raise RowRejected("no_assistant_turn", f"{field} has no assistant message")
     if sample["chosen"] == sample["rejected"]:
         raise RowRejected("identical_preference", "chosen and rejected are identical")
-
-
-def _write_preference_rows(path: Any, limit: int) -> int:
-    from rl_data.jobs.task_data import write_chitchat_preference_rows
-
-    return write_chitchat_preference_rows(path, limit)
 
 
 TASK = Task(
@@ -48,7 +42,7 @@ TASK = Task(
     adapters=("preference",),
     demo=DemoData(
         description="preference pairs from chitchat: the real reply chosen, another conversation's rejected",
-        write_raw_rows=_write_preference_rows,
+        write_raw_rows=write_chitchat_preference_rows,
         adapter="preference",
     ),
 )

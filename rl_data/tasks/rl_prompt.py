@@ -21,14 +21,13 @@ import torch
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from pydantic import model_serializer
 
+from rl_data.batch_stats import BatchStats
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.distributed.metrics import BatchStats
 from rl_data.energon.failure_budget import filter_sample
+from rl_data.energon.sample_validation import RowRejected, validate_conversation
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder
 from rl_data.energon.task_encoders.cookers import decode_record
-from rl_data.preprocess.adapters import register_adapter
-from rl_data.preprocess.validation import RowRejected, validate_conversation
-from rl_data.tasks.base import DemoData, SampleSchema, Task, TaskConfig
+from rl_data.task_contract import AdapterSpec, DemoData, SampleSchema, Task, TaskConfig
 from rl_data.tokenization.chat import apply_task_data_spec
 
 KIND = "rl_prompt"
@@ -130,8 +129,6 @@ def _env_column(row: Mapping[str, Any]) -> dict[str, Any]:
     return dict(env)
 
 
-# GSM8K's keys are also the SFT ``prompt_response`` adapter's: detected only under --task rl_prompt.
-@register_adapter("gsm8k", ["question", "answer"], task_only=True)
 def gsm8k(row: dict[str, Any]) -> dict[str, Any]:
     """GSM8K ``{"question", "answer": "...#### 18"}``: the question is the prompt, the value after
     the last ``####`` the ground truth; the worked answer stays out of the prompt."""
@@ -146,20 +143,17 @@ def gsm8k(row: dict[str, Any]) -> dict[str, Any]:
     return _rl_sample(row, [{"role": "user", "content": question}], {"ground_truth": truth})
 
 
-@register_adapter("prompt_ground_truth", ["prompt", "ground_truth"])
 def prompt_ground_truth(row: dict[str, Any]) -> dict[str, Any]:
     """``{"prompt": text or messages, "ground_truth": text or number}``."""
     return _rl_sample(row, _prompt_messages(row), _env_column(row))
 
 
-@register_adapter("rl_messages", ["messages", "ground_truth"])
 def rl_messages(row: dict[str, Any]) -> dict[str, Any]:
     """OpenAI ``{"messages": [...]}`` ending with the user's turn, plus ``ground_truth`` and/or
     ``extra_env_info`` columns."""
     return _rl_sample(row, _prompt_messages(row), _env_column(row))
 
 
-@register_adapter("env_info", ["prompt", "extra_env_info"], ["messages", "extra_env_info"])
 def env_info(row: dict[str, Any]) -> dict[str, Any]:
     """An explicit ``extra_env_info`` object with a ``prompt`` (text or messages) or ``messages``."""
     if "extra_env_info" not in row:
@@ -353,6 +347,14 @@ def _write_gsm8k_rows(path: Path, limit: int) -> int:
     return write_gsm8k_rows(path, limit)
 
 
+ADAPTERS = (
+    # GSM8K's keys are also the SFT ``prompt_response`` adapter's: detected only under --task rl_prompt.
+    AdapterSpec.of(gsm8k, ["question", "answer"], task_only=True),
+    AdapterSpec.of(prompt_ground_truth, ["prompt", "ground_truth"]),
+    AdapterSpec.of(rl_messages, ["messages", "ground_truth"]),
+    AdapterSpec.of(env_info, ["prompt", "extra_env_info"], ["messages", "extra_env_info"]),
+)
+
 TASK = Task(
     name="rl_prompt",
     schema=SampleSchema(
@@ -369,7 +371,8 @@ TASK = Task(
     supports_packing=False,
     adapter_overrides={"add_generation_prompt": True, "add_eos": False},
     left_padded_columns=lambda config: ("input_ids",) if config.generation_padding == "left" else (),
-    adapters=("gsm8k", "prompt_ground_truth", "rl_messages", "env_info"),
+    adapters=tuple(spec.name for spec in ADAPTERS),
+    adapter_specs=ADAPTERS,
     demo=DemoData(
         description="GSM8K-style arithmetic word problems with their final answers as ground truth",
         write_raw_rows=_write_gsm8k_rows,

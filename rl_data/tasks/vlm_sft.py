@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
+from rl_data.demo_data import write_shape_question_rows
 from rl_data.energon.multimodal.task_encoders.vlm_sft import MultimodalChatCooker, VLMSFTTaskEncoder
-from rl_data.tasks.base import DemoData, Task
+from rl_data.task_contract import DemoData, Task
 from rl_data.tasks.chat_sft import SFT_SCHEMA
-
-
-def _write_shape_question_rows(path, limit: int) -> int:
-    from rl_data.jobs.task_data import write_shape_question_rows
-
-    return write_shape_question_rows(path, limit)
 
 
 TASK = Task(
@@ -22,7 +17,7 @@ TASK = Task(
     adapters=("openai", "sharegpt"),
     demo=DemoData(
         description="image question answering on synthetic pictures of coloured shapes (PNG files + JSONL)",
-        write_raw_rows=_write_shape_question_rows,
+        write_raw_rows=write_shape_question_rows,
         adapter="openai",
         processor_factory="rl_data.energon.multimodal.task_encoders.processor:load_default_multimodal_processor",
     ),

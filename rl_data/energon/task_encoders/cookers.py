@@ -14,6 +14,7 @@ from typing import Any, Optional
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
 from rl_data.energon.sample_format import decode_sample
+from rl_data.task_registry import tasks_for_kind
 from rl_data.tokenization import validate_messages
 
 
@@ -22,7 +23,6 @@ def decode_record(raw: dict[str, Any], kind: str, *, reader: str) -> tuple[Any, 
     record = decode_sample(raw)
     key = raw.get("__key__")
     if record["kind"] != kind:
-        from rl_data.tasks import tasks_for_kind
 
         raise ValueError(
             f"sample {key!r} is a {record['kind']!r} sample; {reader} reads only kind {kind!r} "

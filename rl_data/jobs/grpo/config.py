@@ -8,11 +8,11 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rl_data.distributed.config import DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
+from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.feed import FeedConfig
 
 #: CPU share of one rank actor (and its bundle), of one rollout worker and of the trainer.
 RANK_CPUS, WORKER_CPUS, TRAINER_CPUS = 0.5, 0.25, 0.25
-DEFAULT_FEED_NAME = "rl_data_prompt_feed"
 DEFAULT_SYSTEM_PROMPT = "Solve the problem step by step. End with a line '#### <answer>'."
 
 
@@ -106,7 +106,7 @@ class GRPODemoConfig(BaseModel):
     def loader_spec(self) -> LoaderSpec:
         """The ``rl_prompt`` train split in exact passes (one pass per epoch)."""
         data_config: dict[str, Any] = {
-            "energon": {"task_encoder": "rl_prompt", "shuffle_buffer_size": 32, "max_samples_per_sequence": 8},
+            "energon": {"task": "rl_prompt", "shuffle_buffer_size": 32, "max_samples_per_sequence": 8},
             "shuffle": True,
             "task": {"generation_padding": "left"},
         }

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 from rl_data.jobs.config import TrainDemoConfig
-from rl_data.jobs.task_data import COLORS, preference_rows, shape_picture, shape_question_row, write_shape_question_rows
+from rl_data.demo_data import COLORS, preference_rows, shape_picture, shape_question_row, write_shape_question_rows
 from rl_data.tasks import get_task
 
 NAMESPACE = "rl_data_task_tests"
@@ -49,10 +49,10 @@ def test_preference_rows_pair_a_reply_with_another_conversations_reply():
 
 def test_task_selection_sets_encoder_processor_and_packing_rules(tmp_path):
     vlm = TrainDemoConfig(task="vlm_sft", work_dir=str(tmp_path), packing="first_fit_decreasing").loader_spec()
-    assert vlm.data_config.energon.task_encoder == "vlm_sft"
+    assert vlm.data_config.energon.task == "vlm_sft"
     assert vlm.processor_factory == "rl_data.energon.multimodal.task_encoders.processor:load_default_multimodal_processor"
     preference = TrainDemoConfig(task="preference", work_dir=str(tmp_path)).loader_spec()
-    assert preference.data_config.energon.task_encoder == "preference"
+    assert preference.data_config.energon.task == "preference"
     assert get_task("preference").demo.adapter == "preference"
     with pytest.raises(ValueError, match=r"task 'preference' does not pack sequences \(found packing='first_fit_decreasing'\); leave --packing unset"):
         TrainDemoConfig(task="preference", packing="first_fit_decreasing")

@@ -1,0 +1,42 @@
+"""Validating a configuration block with pydantic, with errors that name the block, field, value and rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+def describe_errors(error: Any) -> str:
+    """Every problem of a pydantic ``ValidationError`` as ``field=value: rule`` (a validator's own
+    ``ValueError`` as its message alone), joined by ``; ``."""
+    parts = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "<block>"
+        if item["type"] == "value_error":  # the project's own checks: their messages name field and value
+            parts.append(str(item["ctx"]["error"]))
+        elif item["type"] == "missing":
+            parts.append(f"{field}: {item['msg']}")
+        else:
+            parts.append(f"{field}={item.get('input')!r}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def validate_block(model: type[BaseModel], value: Any, *, name: str) -> Any:
+    """Validate ``value`` as ``model``; a ``ValueError`` names the block, field, value and rule."""
+    if isinstance(value, model):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{name} must be a mapping of {model.__name__} fields "
+            f"({', '.join(model.model_fields)}), got {type(value).__name__}: {value!r}"
+        )
+    try:
+        return model.model_validate(dict(value))
+    except ValidationError as error:
+        allowed = ", ".join(model.model_fields)
+        raise ValueError(
+            f"invalid {name} ({model.__name__}): {describe_errors(error)} "
+            f"(allowed fields: {allowed})"
+        ) from None
