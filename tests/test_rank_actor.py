@@ -147,20 +147,21 @@ def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_ran
     restored.close(), expected.close()
 
 
-def test_depth_zero_produces_only_on_request_and_restores_only_before_start(ray_session, spawn, energon_dataset):
+def test_depth_zero_produces_only_on_request_and_a_restore_after_start_rewinds(ray_session, spawn, energon_dataset):
     ray = ray_session
     actor = spawn(train_spec(energon_dataset), prefetch_depth=0)
     state = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
-    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)  # before start: fine
+    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)  # before start: into its loader
     ray.get(actor.start.remote(), timeout=TIMEOUT_S)
     time.sleep(0.3)
     assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 0
-    ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S)
+    first = list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"])
     time.sleep(0.3)
     status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
     assert (status["produced"], status["ready"], status["handed_out"]) == (1, 0, 1)
-    with pytest.raises(RuntimeError, match=r"rank 0 already started producing batches; restore a state into a fresh rank actor"):
-        ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)
+    # after the first batch, a restore is a rewind (a new loader in this actor): the first batch again
+    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)
+    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == first
 
 
 PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}

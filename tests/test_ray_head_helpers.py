@@ -68,4 +68,5 @@ def test_the_test_session_keeps_its_ray_folder_out_of_tmp_ray(ray_session):
 def test_ci_removes_only_the_suites_own_ray_folders():
     ci = (REPO / ".ci" / "run").read_text()
     assert "/tmp/ray/" not in ci and "/tmp/ray " not in ci, "CI must not delete other Ray clusters' sessions"
-    assert "export RL_DATA_TEST_RAY_ROOT=/tmp/rl_data_tests" in ci and 'rm -rf "$RL_DATA_TEST_RAY_ROOT"' in ci
+    # a fresh folder per run (mktemp), removed at the end: never another run's folders
+    assert 'export RL_DATA_TEST_RAY_ROOT="$(mktemp -d /tmp/rl_data_ci.XXXXXX)"' in ci and 'rm -rf "$RL_DATA_TEST_RAY_ROOT"' in ci
