@@ -105,8 +105,9 @@ class Task:
     #: Registry name; ``data_config["energon"]["task"]`` selects it.
     name: str
     schema: SampleSchema
-    #: The Energon task encoder class; built by :meth:`build_encoder`.
-    encoder_class: type
+    #: The Energon task encoder class; built by :meth:`build_encoder` (None: a task with its own
+    #: ``build_loader``, which reads no Energon dataset).
+    encoder_class: type | None
     #: Cookers by name (the first is the default); ``data_config["energon"]["cooker"]`` may
     #: pick another. The encoder gets the cooker class as ``cooker=``.
     cookers: Mapping[str, type]
@@ -128,6 +129,12 @@ class Task:
     #: ``config -> columns padded on the left`` (default: every padded column pads on the right).
     left_padded_columns: Callable[[Any], tuple[str, ...]] | None = None
     demo: DemoData | None = None
+    #: Its batches are prompt rows keyed by ``source_ids``: a prompt feed may serve them.
+    prompt_batches: bool = False
+    #: Builds this task's loader instead of the Energon one (a task that reads no Energon dataset,
+    #: e.g. :mod:`rl_data.tasks.synthetic`); the signature of
+    #: :func:`rl_data.energon.sft_dataloader.build_loader`. See ``LoaderSpec.loader_builder``.
+    build_loader: Callable[..., Any] | None = None
 
     @property
     def default_cooker(self) -> str:
@@ -151,6 +158,11 @@ class Task:
         The processor is passed only to encoders that need it; an encoder that does not pack
         refuses packing options itself.
         """
+        if self.encoder_class is None:
+            raise ValueError(
+                f"task {self.name!r} has no Energon task encoder: it builds its own loader (Task.build_loader); "
+                "build its loader with LoaderSpec.loader_builder()"
+            )
         extra = {"processor": processor} if self.needs_processor else {}
         fields = {name: getattr(config, name) for name in type(config).model_fields}
         return self.encoder_class(**extra, **fields, cooker=self.cooker(cooker), **options)

@@ -60,14 +60,15 @@ def get_task(name: str) -> Task:
     builtin = f"{TASKS_PACKAGE}.{name}"
     if builtin in BUILTIN_TASK_MODULES:  # import only this task (a rank actor needs one)
         return register_task(importlib.import_module(builtin).TASK)
-    tasks = registered_tasks()
-    if name in tasks:
-        return tasks[name]
     if ":" not in str(name):
+        tasks = registered_tasks()
+        if name in tasks:
+            return tasks[name]
         raise ValueError(
             f"unknown task {name!r}; registered tasks are {sorted(tasks)}, or give an import "
             "path 'package.module:ATTRIBUTE' of a rl_data.tasks.Task"
         )
+    # an import path: the built-in tasks are not imported (a rank actor of this task needs none)
     task = load_object(name, "task")
     if not isinstance(task, Task):
         raise ValueError(f"{name!r} is a {type(task).__name__}, not a rl_data.tasks.Task")

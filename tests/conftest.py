@@ -16,13 +16,37 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RUN_SLOW = "--run-slow"
 
+#: Test modules that take the longest (slow tests included), longest first: they are collected
+#: first, so with several test processes (``run_tests.sh``: pytest-xdist, a module per process)
+#: the short modules fill in at the end instead of one long module running alone.
+HEAVIEST_MODULES_FIRST = (
+    "test_benchmarks_smoke.py",
+    "test_integration_ray_train.py",
+    "test_integration_trl.py",
+    "test_elastic_resume.py",
+    "test_coordinator.py",
+    "test_fault_tolerance.py",
+    "test_prompt_feed.py",
+    "test_coordinator_rewind.py",
+    "test_grpo_demo.py",
+    "test_chaos.py",
+    "test_demo_data.py",
+    "test_runtime_multimodal_preference.py",
+    "test_rank_actor.py",
+    "test_train_sft_demo.py",
+    "test_preload.py",
+)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(RUN_SLOW, action="store_true", help="also run the tests marked slow (CI does)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` are skipped (and listed as such) unless ``--run-slow`` is given."""
+    """The heaviest modules first (stable otherwise); tests marked ``slow`` are skipped (and
+    listed as such) unless ``--run-slow`` is given."""
+    weight = {name: rank for rank, name in enumerate(HEAVIEST_MODULES_FIRST)}
+    items.sort(key=lambda item: weight.get(item.path.name, len(weight)))
     if config.getoption(RUN_SLOW):
         return
     skip = pytest.mark.skip(reason=f"slow: run with {RUN_SLOW} (CI does)")

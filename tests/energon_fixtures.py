@@ -134,6 +134,56 @@ SMALL_PACKING = dict(
 )
 
 
+def make_loader(
+    dataset: ChatDataset | str | Path | None,
+    tokenizer: Any,
+    *,
+    energon: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+    data_config: Mapping[str, Any] | None = None,
+    workers: int | None = None,
+    packing_buffer: int | None = None,
+    role: str = "train",
+    rank: int = 0,
+    world: int = 1,
+    batch_size: int = 4,
+    max_sequence_length: int = 512,
+    **arguments: Any,
+) -> Any:
+    """A shuffled loader of ``dataset`` (a :class:`ChatDataset` or its path; ``None`` when
+    ``source`` names a mixture) for logical rank ``rank`` of ``world``: the train split (role
+    ``"train"``) or the val split, virtual epochs of 4 batches, unpacked.
+
+    ``energon``: the ``data_config["energon"]`` block; ``workers``: its ``num_workers``;
+    ``packing_buffer``: its ``packing_buffer_size``, packing first-fit-decreasing into bins padded
+    to 8 (:data:`SMALL_PACKING`); ``source`` and ``data_config``: fields added to (or replacing)
+    the defaults; ``arguments``: ``build_energon_sft_loader`` arguments replacing the defaults (a
+    ``split_role`` here keeps the split ``role`` chose).
+    """
+    from rl_data.energon.sft_dataloader import build_energon_sft_loader
+
+    energon = dict(energon or {})
+    if workers is not None:
+        energon["num_workers"] = workers
+    options = {**SINGLE_RANK_UNPACKED, "logical_rank": rank, "logical_world_size": world,
+               "placement_fingerprint": f"placement-{world}"}
+    if packing_buffer is not None:
+        energon["packing_buffer_size"] = packing_buffer
+        options.update(SMALL_PACKING)
+    path = {} if dataset is None else {"path": str(getattr(dataset, "path", dataset))}
+    split = "train" if role == "train" else "val"
+    return build_energon_sft_loader(**{
+        "data_config": {"energon": energon, "shuffle": True, **(data_config or {})},
+        "source": {**path, "split": split, "virtual_epoch_length": 4, **(source or {})},
+        "processor": tokenizer,
+        "batch_size": batch_size,
+        "max_sequence_length": max_sequence_length,
+        "split_role": role,
+        **options,
+        **arguments,
+    })
+
+
 def build_small_train_loader(
     dataset: ChatDataset,
     tokenizer: Any,
@@ -147,33 +197,12 @@ def build_small_train_loader(
     prefetch_factor: int = 2,
 ) -> Any:
     """A train loader with small buffers over a small dataset (rank 0 of 1, shuffle on)."""
-    from rl_data.energon.sft_dataloader import build_energon_sft_loader
-
-    energon = {
-        "num_workers": num_workers,
-        "shuffle_buffer_size": 6,
-        "max_samples_per_sequence": 2,
-        "checkpoint_every_sec": 0.5,
-        "seed_offset": seed_offset,
-        "prefetch_factor": prefetch_factor,
-    }
-    arguments = dict(SINGLE_RANK_UNPACKED)
-    if packing:
-        energon["packing_buffer_size"] = 6
-        arguments.update(SMALL_PACKING)
-    return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True},
-        source={
-            "path": dataset.path,
-            "split": "train",
-            "virtual_epoch_length": loop_length,
-            "epoch_mode": epoch_mode,
-        },
-        processor=tokenizer,
-        batch_size=batch_size,
+    energon = {"shuffle_buffer_size": 6, "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.5,
+               "seed_offset": seed_offset, "prefetch_factor": prefetch_factor}
+    return make_loader(
+        dataset, tokenizer, energon=energon, workers=num_workers, packing_buffer=6 if packing else None,
+        source={"virtual_epoch_length": loop_length, "epoch_mode": epoch_mode}, batch_size=batch_size,
         max_sequence_length=128,
-        split_role="train",
-        **arguments,
     )
 
 

@@ -16,8 +16,10 @@ iterator ends, ``iter()`` is called again (two empty epochs in a row end the str
    order (none missing, none duplicated) and equal tensors.
 
 :func:`assert_rewinds_at_every_step` is the same oracle for the step-based runtime (the
-coordinator, the prompt feed, a coordinator at another DP size): it drives one live component
-through ``take`` / ``save`` / ``restore`` callables and rewinds it to the state after every step.
+coordinator, the prompt feed): it drives one live component through ``take`` / ``save`` /
+``restore`` callables and rewinds it to the state after every step.
+:func:`assert_resumes_from_every_state` is its second half, for states saved by another
+component (a coordinator at another DP size) with the expected steps of this one.
 """
 
 from __future__ import annotations
@@ -156,6 +158,45 @@ def assert_restores_at_every_step(
     return RestoreReport(steps=reference, epoch_starts=epoch_starts)
 
 
+def record_steps(take: Callable[[], Any], save: Callable[[], Any], steps: int) -> tuple[list[Any], list[Any]]:
+    """Take ``steps`` steps (``take()``: one step's sample ids); return the ids of every step and
+    the states before the first and after each (``save()``, round-tripped through ``torch.save`` /
+    ``torch.load(weights_only=True)``): ``states[k]`` is the state after k steps."""
+    states, taken = [torch_roundtrip(save())], []
+    for _ in range(steps):
+        taken.append(take())
+        states.append(torch_roundtrip(save()))
+    return taken, states
+
+
+def assert_resumes_from_every_state(
+    take: Callable[[], Any],
+    restore: Callable[[Any], None],
+    states: Sequence[Any],
+    expected: Sequence[Any],
+    *,
+    before_restore: Callable[[], None] | None = None,
+) -> None:
+    """For k = len(expected) - 1 .. 0, restore the live component to ``states[k]`` (the state after
+    k of the ``expected`` steps, saved by this component or by another one, e.g. a coordinator at
+    another DP size) and take the rest: every step's ids (``take()``) must equal ``expected[k:]``,
+    in order, none missing, none repeated. ``before_restore`` runs before each restore (e.g. to
+    leave a step pending)."""
+    for k in range(len(expected) - 1, -1, -1):
+        if before_restore is not None:
+            before_restore()
+        restore(states[k])
+        rest = [take() for _ in range(len(expected) - k)]
+        if rest != list(expected[k:]):
+            want, found = _flat(expected[k:]), _flat(rest)
+            missing = [i for i in want if i not in found]
+            repeated = sorted({i for i in found if found.count(i) > 1}, key=repr)
+            raise AssertionError(
+                f"restored to the state after step {k}: {len(missing)} id(s) missing {missing[:5]!r}, "
+                f"repeated {repeated[:5]!r}; first steps found {rest[:2]!r}, expected {list(expected[k:k + 2])!r}"
+            )
+
+
 def assert_rewinds_at_every_step(
     take: Callable[[], Sequence[Any]],
     save: Callable[[], Any],
@@ -163,27 +204,18 @@ def assert_rewinds_at_every_step(
     steps: int,
     *,
     before_rewind: Callable[[], None] | None = None,
-) -> list[list[Any]]:
+) -> list[Any]:
     """Take ``steps`` steps (``take()``: one step's sample ids) saving the state after each
-    (``save()``), then, for k = steps - 1 .. 0, rewind the live component to the state after k
-    steps (``restore``, the state round-tripped through ``torch.save`` / ``torch.load(weights_only=True)``)
-    and take the rest: the ids must equal the uninterrupted run's, in order, none missing, none
-    repeated. ``before_rewind`` runs before each rewind (e.g. to leave a step pending). Returns
+    (``save()``), then rewind the live component to the state after every step and take the rest
+    (:func:`assert_resumes_from_every_state`; ``before_rewind`` runs before each rewind). Returns
     the reference ``[step] -> ids``."""
-    states, reference = [torch_roundtrip(save())], []
-    for _ in range(steps):
-        reference.append(list(take()))
-        states.append(torch_roundtrip(save()))
-    for k in range(steps - 1, -1, -1):
-        if before_rewind is not None:
-            before_rewind()
-        restore(states[k])
-        rest = [list(take()) for _ in range(steps - k)]
-        expected = [i for step in reference[k:] for i in step]
-        found = [i for step in rest for i in step]
-        missing, repeated = set(map(repr, expected)) - set(map(repr, found)), len(found) - len(set(map(repr, found)))
-        assert rest == reference[k:], (
-            f"rewound to the state after step {k}: {len(missing)} id(s) missing, {repeated} repeated, "
-            f"first steps found {rest[:2]!r}, expected {reference[k:k + 2]!r}"
-        )
+    reference, states = record_steps(take, save, steps)
+    assert_resumes_from_every_state(take, restore, states, reference, before_restore=before_rewind)
     return reference
+
+
+def _flat(ids: Any) -> list[Any]:
+    """The sample ids of nested lists (steps, ranks, packs), in order."""
+    if isinstance(ids, (list, tuple)):
+        return [i for item in ids for i in _flat(item)]
+    return [ids]

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from energon_fixtures import make_loader
 
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.energon.task_encoders.collate import padded_sft_tensors
@@ -48,29 +49,15 @@ def test_padded_tensors_refuse_a_multiplier_count_that_does_not_match():
         padded_sft_tensors([log], [1.0, 1.0], pad_token_id=0)
 
 
-def _loader(energon_dataset, tokenizer, **data_config):
-    from rl_data.energon.sft_dataloader import build_energon_sft_loader
-
-    return build_energon_sft_loader(
-        data_config={"energon": {"shuffle_buffer_size": 8, "max_samples_per_sequence": 4}, "shuffle": True, **data_config},
-        source={"path": str(energon_dataset.root), "split": "train", "virtual_epoch_length": 3},
-        processor=tokenizer,
-        batch_size=4,
-        max_sequence_length=512,
-        split_role="train",
-        logical_rank=0,
-        logical_world_size=1,
-        placement_fingerprint="test",
-        packing_algorithm=None,
-        max_sequences_per_bin=None,
-        sequence_length_pad_multiple=8,
-        only_unmask_final=False,
-    )
+#: A train loader of batches of 4, padded to multiples of 8, in loops of 3 batches.
+LOADER = {"energon": {"shuffle_buffer_size": 8, "max_samples_per_sequence": 4}, "source": {"virtual_epoch_length": 3},
+          "sequence_length_pad_multiple": 8, "placement_fingerprint": "test"}
+MESSAGE_LOGS = {"batch_format": "message_log"}
 
 
 def test_loader_ships_padded_tensors_by_default_and_message_logs_on_request(energon_dataset, tokenizer):
-    tensors = list(_loader(energon_dataset, tokenizer))
-    logs = list(_loader(energon_dataset, tokenizer, batch_format="message_log"))
+    tensors = list(make_loader(energon_dataset, tokenizer, **LOADER))
+    logs = list(make_loader(energon_dataset, tokenizer, **LOADER, data_config=MESSAGE_LOGS))
     assert len(tensors) == len(logs) == 3
     for padded, logged in zip(tensors, logs):
         assert "message_log" not in padded and "message_log" in logged
@@ -83,12 +70,12 @@ def test_loader_ships_padded_tensors_by_default_and_message_logs_on_request(ener
 
 def test_a_state_restores_across_batch_formats(energon_dataset, tokenizer):
     """The batch form is not part of the loader identity: switching it keeps the stream."""
-    reference = [b["source_ids"] for b in _loader(energon_dataset, tokenizer)]
-    first = _loader(energon_dataset, tokenizer, batch_format="message_log")
+    reference = [b["source_ids"] for b in make_loader(energon_dataset, tokenizer, **LOADER)]
+    first = make_loader(energon_dataset, tokenizer, **LOADER, data_config=MESSAGE_LOGS)
     batches = iter(first)
     next(batches)
     state = first.state_dict()
-    restored = _loader(energon_dataset, tokenizer)
+    restored = make_loader(energon_dataset, tokenizer, **LOADER)
     restored.load_state_dict(state)
     assert [b["source_ids"] for b in restored][:2] == reference[1:3]
 

@@ -24,35 +24,43 @@ from distributed_fixtures import (
     wait_for,
 )
 from energon_fixtures import write_chat_dataset
+from restore_check import assert_resumes_from_every_state, record_steps
 from rl_data.distributed.checkpoint_files import CheckpointFileError, checkpoint_path
-from rl_data.distributed.client import CoordinatorNotFoundError, get_coordinator
+from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, get_coordinator
 from rl_data.distributed.config import ParallelLayout
 from rl_data.distributed.rank_actor import COMPLETION_KEY
 
 
 @pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), pytest.param(4, 4, 0, marks=pytest.mark.slow), (1, 2, 2)])
 def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size, workers):
+    """A checkpoint file saved with steps pending (handed out, prefetched, never committed), and the
+    checkpoint of every step, restored into the live coordinator: each continues exactly."""
     ray = ray_session
     spec, config = train_spec(energon_dataset, workers), runtime_config(world_size, prefetch_depth)
-    committed, resumed = 3, 4
-    expected = reference_stream(spec, config, tokenizer, committed + resumed)
+    committed, steps = 3, 7
+    expected = reference_stream(spec, config, tokenizer, steps)
     with running_coordinator(ray, config, spec) as coordinator:
-        assert consume(ray, coordinator, committed) == expected[:committed]
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+
+        def take() -> list[list[str]]:
+            step, refs = client.next_step()
+            ids = [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)]
+            client.commit(step)
+            return ids
+
+        taken, states = record_steps(take, client.state_dict, steps)
+        assert taken == expected
+        client.load_state_dict(states[committed])
         # Two more steps are handed out (and prefetching runs ahead) but never committed.
         assert consume(ray, coordinator, 2, commit=False) == expected[committed : committed + 2]
-        path = ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
+        path = client.save_checkpoint(str(tmp_path / "ckpt"))
+        assert client.load_checkpoint(str(tmp_path / "ckpt")) == committed  # drops the pending steps
+        assert [take() for _ in range(steps - committed)] == expected[committed:]
+        assert_resumes_from_every_state(take, client.load_state_dict, states, expected, before_restore=client.next_step)
     assert path == str(checkpoint_path(tmp_path / "ckpt"))
     saved = torch.load(path, weights_only=True)["content"]
     assert saved["step"] == committed and len(saved["ranks"]) == world_size
     assert [s["identity"]["topology"]["logical_rank"] for s in saved["ranks"]] == list(range(world_size))
-
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S) == committed
-        step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
-        assert step == committed + 1
-        assert [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)] == expected[committed]
-        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
-        assert consume(ray, coordinator, resumed - 1) == expected[committed + 1 :]
 
 
 @pytest.mark.timeout(300)

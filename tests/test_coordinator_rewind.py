@@ -182,7 +182,7 @@ DRIVER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("lifetime", ["detached", "none"])
+@pytest.mark.parametrize("lifetime", ["detached", pytest.param("none", marks=pytest.mark.slow)])
 def test_a_detached_coordinator_outlives_the_driver_that_started_it(ray_session, energon_dataset, lifetime):
     ray = ray_session
     name = f"rewind_lifetime_{lifetime}"

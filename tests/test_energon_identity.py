@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+from energon_fixtures import make_loader
 
 from rl_data.energon.config import EnergonLoaderConfig, EnergonSourceConfig
 from rl_data.energon.identity import _loader_identity, _v2_topology, restore_differences
@@ -204,50 +205,29 @@ def test_a_copy_of_the_dataset_at_another_path_restores_other_content_does_not(t
     assert f"source 'x' -> {brief(base['source'])}" in malformed
 
 
-def _loader(dataset, tokenizer, **overrides):
-    from energon_fixtures import SINGLE_RANK_UNPACKED
-
-    from rl_data.energon.sft_dataloader import build_energon_sft_loader
-
-    arguments = dict(
-        data_config={"energon": {}, "shuffle": True},
-        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
-        processor=tokenizer,
-        batch_size=4,
-        max_sequence_length=512,
-        split_role="train",
-        **SINGLE_RANK_UNPACKED,
-    )
-    arguments.update(overrides)
-    return build_energon_sft_loader(**arguments)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("overrides", "line"),
     [
         (dict(max_sequence_length=1024), "adapter.max_sequence_length 512 -> 1024"),
-        (
-            dict(data_config={"energon": {}, "shuffle": True, "add_eos": False}),
-            "adapter.add_eos True -> False",
-        ),
+        (dict(data_config={"add_eos": False}), "adapter.add_eos True -> False"),
     ],
     ids=["max_sequence_length", "add_eos"],
 )
 def test_a_loader_refusal_names_the_adapter_field_that_changed(
     energon_dataset, tokenizer, overrides, line
 ):
-    state = _loader(energon_dataset, tokenizer).state_dict()
+    state = make_loader(energon_dataset, tokenizer).state_dict()
     with pytest.raises(ValueError) as error:
-        _loader(energon_dataset, tokenizer, **overrides).load_state_dict(state)
+        make_loader(energon_dataset, tokenizer, **overrides).load_state_dict(state)
     assert str(error.value) == f"Energon loader identity changed: {line}"
 
 
 def test_a_fingerprint_that_does_not_match_its_identity_is_refused(energon_dataset, tokenizer):
-    state = _loader(energon_dataset, tokenizer).state_dict()
+    state = make_loader(energon_dataset, tokenizer).state_dict()
     edited = {**state, "fingerprint": "0" * 64}
     with pytest.raises(ValueError) as error:
-        _loader(energon_dataset, tokenizer).load_state_dict(edited)
+        make_loader(energon_dataset, tokenizer).load_state_dict(edited)
     assert str(error.value) == (
         f"Energon loader identity changed: fingerprint {'0' * 64!r} -> {state['fingerprint']!r}"
     )

@@ -44,6 +44,7 @@ def test_tiktoken_gives_the_tokenizers_ids_on_adversarial_text(tokenizer, text):
     assert fe.text_encoder(tokenizer).encode(text) == _reference(tokenizer, text)
 
 
+@pytest.mark.slow  # 4,017 conversations; the default run has the adversarial-text property test
 def test_tiktoken_gives_the_tokenizers_ids_on_every_real_conversation(tokenizer, chat_conversations):
     encode = fe.text_encoder(tokenizer).encode
     tokens = 0

@@ -171,7 +171,8 @@ def _final_model(result) -> dict[str, torch.Tensor]:
 PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
 
 
-@pytest.mark.parametrize("workers,packed,prefetch_depth", [(0, False, 1), pytest.param(2, True, 2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the README example (tests/test_readme_ray_train_example.py) is the default run's Ray Train test
+@pytest.mark.parametrize("workers,packed,prefetch_depth", [(0, False, 1), (2, True, 2)])
 def test_worker_failures_restart_from_the_train_checkpoint_exactly(ray_session, energon_dataset, tokenizer, vocab_size, tmp_path, workers, packed, prefetch_depth):
     """A worker raises at step 5, another is SIGKILLed at step 8 (holding its batch); Train restarts
     the group from its last registered checkpoint each time and the data rewinds with it."""

@@ -296,6 +296,7 @@ class CrashAfter:
         return _CrashAfter(*args, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_window_of_two_steps_is_acked_after_its_last_step_and_resumes_whole(
     ray_session, prompt_root, trl_tokenizer, tmp_path
@@ -441,6 +442,7 @@ def _resume(tokenizer: Any, feed: Any, output: Path, checkpoint: Path | None = N
     return scored
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_checkpoint_of_another_dataset_task_or_layout_is_refused_before_any_step(
     ray_session, prompt_root, saved_run, trl_tokenizer, tmp_path

@@ -6,13 +6,20 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from energon_fixtures import SINGLE_RANK_UNPACKED, batch_source_ids, write_chat_dataset
+from energon_fixtures import (
+    SINGLE_RANK_UNPACKED,
+    batch_source_ids,
+    make_loader,
+    write_chat_dataset,
+)
 from restore_check import assert_restores_at_every_step, torch_roundtrip
 
 from rl_data.energon.config import EnergonSourceConfig
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
 WEIGHTS = {"math": 0.5, "code": 0.3, "chat": 0.2}
+#: Batches of 4 of up to 256 tokens, small shuffle buffers.
+LOADER = {"energon": {"shuffle_buffer_size": 8, "max_samples_per_sequence": 4}, "batch_size": 4, "max_sequence_length": 256}
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +37,9 @@ def _mixture(members, weights=WEIGHTS):
     return [{"name": name, "path": str(members[name].path), "weight": w} for name, w in weights.items()]
 
 
-def _loader(members, tokenizer, *, weights=WEIGHTS, packing=False, loop=20, workers=0):
-    energon = {"shuffle_buffer_size": 8, "max_samples_per_sequence": 4, "num_workers": workers}
-    extra = {}
-    if packing:
-        energon["packing_buffer_size"] = 6
-        extra = {"packing_algorithm": "first_fit_decreasing", "max_sequences_per_bin": None, "sequence_length_pad_multiple": 8}
-    arguments = {**SINGLE_RANK_UNPACKED, **extra}
-    return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True},
-        source={"mixture": _mixture(members, weights), "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": loop},
-        processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **arguments,
-    )
+def _source(members, *, weights=WEIGHTS, loop=20):
+    """The mixture of ``members`` with ``weights``, read in loops of ``loop`` batches."""
+    return {"mixture": _mixture(members, weights), "epoch_mode": "virtual", "virtual_epoch_length": loop}
 
 
 def _member_of(members):
@@ -66,7 +64,7 @@ def test_exact_passes_are_refused_for_a_mixture(members, tokenizer):
 
 
 def test_identity_names_every_member_with_its_weight_and_dataset(members, tokenizer):
-    loader = _loader(members, tokenizer)
+    loader = make_loader(None, tokenizer, **LOADER, source=_source(members))
     mixture = loader.identity["mixture"]
     assert list(mixture) == ["math", "code", "chat"]
     for name, weight in WEIGHTS.items():
@@ -77,7 +75,7 @@ def test_identity_names_every_member_with_its_weight_and_dataset(members, tokeni
 
 
 def test_member_proportions_over_5000_samples_follow_the_weights(members, tokenizer):
-    loader, member_of = _loader(members, tokenizer, loop=1250), _member_of(members)
+    loader, member_of = make_loader(None, tokenizer, **LOADER, source=_source(members, loop=1250)), _member_of(members)
     batches = list(loader)
     counts = Counter(member_of[key] for batch in batches for key in batch["source_ids"])
     assert sum(counts.values()) == 5000
@@ -92,7 +90,8 @@ def test_member_proportions_over_5000_samples_follow_the_weights(members, tokeni
 @pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
 def test_restore_at_every_step_equals_the_uninterrupted_run(members, tokenizer, packing):
     report = assert_restores_at_every_step(
-        lambda: _loader(members, tokenizer, packing=packing, loop=5), steps=12, extract=batch_source_ids,
+        lambda: make_loader(None, tokenizer, **LOADER, source=_source(members, loop=5), packing_buffer=6 if packing else None),
+        steps=12, extract=batch_source_ids,
         close=lambda loader: loader.close(),
     )
     assert len(report.epoch_starts) >= 1  # across for-loop boundaries
@@ -101,7 +100,8 @@ def test_restore_at_every_step_equals_the_uninterrupted_run(members, tokenizer, 
 
 def test_restore_at_every_step_with_energon_workers(members, tokenizer):
     assert_restores_at_every_step(
-        lambda: _loader(members, tokenizer, loop=4, workers=2), steps=9, extract=batch_source_ids,
+        lambda: make_loader(None, tokenizer, **LOADER, source=_source(members, loop=4), workers=2),
+        steps=9, extract=batch_source_ids,
         close=lambda loader: loader.close(),
     )
 
@@ -117,11 +117,11 @@ def _run(loader, batches):
 
 
 def test_changed_weights_are_refused_with_one_line_per_weight(members, tokenizer):
-    loader = _loader(members, tokenizer)
+    loader = make_loader(None, tokenizer, **LOADER, source=_source(members))
     _run(loader, 3)
     state = torch_roundtrip(loader.state_dict())
     loader.close()
-    other = _loader(members, tokenizer, weights={"math": 0.2, "code": 0.3, "chat": 0.5})
+    other = make_loader(None, tokenizer, **LOADER, source=_source(members, weights={"math": 0.2, "code": 0.3, "chat": 0.5}))
     with pytest.raises(ValueError) as refused:
         other.load_state_dict(state)
     assert str(refused.value) == (
@@ -130,7 +130,7 @@ def test_changed_weights_are_refused_with_one_line_per_weight(members, tokenizer
         "position, restore with reweight=True"
     )
     # re-weighting never excuses another change: a new member is refused even with reweight=True
-    more = _loader(members, tokenizer, weights={"math": 0.5, "code": 0.3})
+    more = make_loader(None, tokenizer, **LOADER, source=_source(members, weights={"math": 0.5, "code": 0.3}))
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: mixture.chat removed \{'path'") as removed:
         more.load_state_dict(state, reweight=True)
     assert "reweight" not in str(removed.value)
@@ -140,12 +140,12 @@ def test_changed_weights_are_refused_with_one_line_per_weight(members, tokenizer
 
 def test_explicit_reweighting_continues_from_each_members_position_without_repeats(members, tokenizer):
     member_of = _member_of(members)
-    loader = _loader(members, tokenizer)
+    loader = make_loader(None, tokenizer, **LOADER, source=_source(members))
     before = _run(loader, 25)  # 100 samples: no member is near the end of its 300
     state = torch_roundtrip(loader.state_dict())
     loader.close()
     new_weights = {"math": 0.1, "code": 0.1, "chat": 0.8}
-    resumed = _loader(members, tokenizer, weights=new_weights)
+    resumed = make_loader(None, tokenizer, **LOADER, source=_source(members, weights=new_weights))
     resumed.load_state_dict(state, reweight=True)
     after = _run(resumed, 25)
     ids = [k for batch in before + after for k in batch["source_ids"]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from functools import partial
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from multimodal_fixtures import (
     wav_bytes,
     write_raw_dataset,
 )
-from energon_fixtures import SINGLE_RANK_UNPACKED
+from energon_fixtures import make_loader
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.multimodal.task_encoders import (
     MediaSettings,
@@ -37,7 +38,6 @@ from rl_data.energon.multimodal.task_encoders import (
 from rl_data.energon.multimodal.task_encoders.media import check_media_decodable, decode_video, sample_frame_indices
 from rl_data.energon.multimodal.task_encoders.vlm_sft import expand_media
 from rl_data.energon.sample_format import encode_sample, media_references
-from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.tasks import get_task
 from rl_data.interfaces import TaskDataSpec
@@ -107,18 +107,11 @@ def dataset(tmp_path_factory):
     return root, split_keys, records
 
 
-def build(root, processor, *, split_role="validation", energon=None, batch_format=None, **overrides):
-    arguments = dict(
-        data_config={"energon": {"task": "vlm_sft", **(energon or {})}, "shuffle": True, "batch_format": batch_format},
-        source={"path": str(root), "split": "train" if split_role == "train" else "val", "virtual_epoch_length": 3},
-        processor=processor,
-        batch_size=2,
-        max_sequence_length=MAX_LEN,
-        split_role=split_role,
-        **SINGLE_RANK_UNPACKED,
-    )
-    arguments.update(overrides)
-    return build_energon_sft_loader(**arguments)
+#: The shared loader builder with this module's defaults: the vlm_sft task, the val split read
+#: in order (role "validation"), batches of 2, loops of 3 batches (role "train").
+vlm_loader = partial(make_loader, energon={"task": "vlm_sft"}, source={"virtual_epoch_length": 3}, role="validation",
+                     batch_size=2, max_sequence_length=MAX_LEN)
+MESSAGE_LOGS = {"batch_format": "message_log"}
 
 
 # -- expected tensors: the processor parts called directly --------------------------------
@@ -195,7 +188,7 @@ def _assert_rows_equal(found: PackedTensor, expected: list, key: str) -> None:
 @pytest.mark.timeout(120)
 def test_image_video_and_audio_samples_end_to_end(dataset, processor):
     root, split_keys, records = dataset
-    batches = list(build(root, processor))
+    batches = list(vlm_loader(root, processor))
     keys = [k for b in batches for k in b["source_ids"]]
     assert keys == split_keys["val"]
     assert {k.rsplit("-", 1)[1] for k in keys} == {f"k{i}" for i in range(7)}
@@ -229,7 +222,7 @@ def test_large_images_from_energon_workers_arrive_whole_through_shared_memory(tm
         records[f"big-{row}"] = (record, media)
     write_raw_dataset(tmp_path, samples, samples_per_shard=2, splits={"train": 1})
     # a training loader: its workers send their checkpoints with their items (rl_data.energon.worker_items)
-    loader = build(tmp_path, processor, split_role="train", energon={"num_workers": 2}, batch_format="message_log")
+    loader = vlm_loader(tmp_path, processor, role="train", workers=2, data_config=MESSAGE_LOGS)
     try:
         batches = list(loader)  # a virtual epoch of 3 batches
     finally:
@@ -264,7 +257,7 @@ def test_one_image_keeps_the_processors_tensor_and_two_in_a_message_are_joined(p
 def test_media_tensors_sit_on_the_message_that_references_them(dataset, processor):
     root, split_keys, records = dataset
     key = next(k for k in split_keys["val"] if k.endswith("k1"))  # two images in two user turns
-    batch = next(b for b in build(root, processor, batch_format="message_log") if key in b["source_ids"])
+    batch = next(b for b in vlm_loader(root, processor, data_config=MESSAGE_LOGS) if key in b["source_ids"])
     log = batch["message_log"][batch["source_ids"].index(key)]
     assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
     assert [tuple(m["image_grid_thw"].as_tensor()[0].tolist()) for m in (log[0], log[2])] == [(1, 4, 4), (1, 4, 6)]
@@ -349,7 +342,7 @@ def test_media_tokens_left_in_a_cut_sample_become_padding(processor):
 def test_a_text_only_tokenizer_is_refused(tokenizer, dataset):
     root, _, _ = dataset
     with pytest.raises(ValueError, match=r"needs a MultimodalProcessor, got TokenizersBackend \(a text-only tokenizer"):
-        build(root, tokenizer)
+        vlm_loader(root, tokenizer)
     with pytest.raises(ValueError, match=r"is text-only: it has no media placeholder tokens \['<\|audio_start\|>'"):
         MultimodalProcessor(tokenizer, image_processor=object())
 
@@ -365,7 +358,7 @@ def test_with_media_tokens_copies_and_keeps_every_existing_id(tokenizer):
 
 def test_identity_pins_the_media_processor(dataset, processor, tokenizer):
     root, _, _ = dataset
-    loader = build(root, processor)
+    loader = vlm_loader(root, processor)
     assert loader.identity["components"] == {
         "VLMSFTTaskEncoder": 1,
         "MultimodalChatCooker": 1,
@@ -378,7 +371,7 @@ def test_identity_pins_the_media_processor(dataset, processor, tokenizer):
         settings=MediaSettings(num_frames=4, pad_audio_to_hop_length=True),
     )
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: components.media_processor '"):
-        build(root, other).load_state_dict(loader.state_dict())
+        vlm_loader(root, other).load_state_dict(loader.state_dict())
     assert get_task("vlm_sft").encoder_class is VLMSFTTaskEncoder
 
 
@@ -401,16 +394,13 @@ def media_view(batch):
     return ids, tensors
 
 
-PACKING = dict(packing_algorithm="first_fit_decreasing", max_sequences_per_bin=None, sequence_length_pad_multiple=8)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("packing", [False, True], ids=["unpacked", "packed"])
 def test_restore_at_every_step(dataset, processor, packing):
     root, split_keys, _ = dataset
-    options = dict(PACKING, energon={"packing_buffer_size": 4}) if packing else {}
+    options = {"packing_buffer": 4} if packing else {}
     report = assert_restores_at_every_step(
-        lambda: build(root, processor, split_role="train", **options), steps=4, extract=media_view
+        lambda: vlm_loader(root, processor, role="train", **options), steps=4, extract=media_view
     )
     assert set(report.ids) <= set(split_keys["train"])
     assert report.epoch_starts == [3]
@@ -419,7 +409,7 @@ def test_restore_at_every_step(dataset, processor, packing):
 @pytest.mark.timeout(120)
 def test_packing_keeps_every_source_with_its_media(dataset, processor):
     root, split_keys, records = dataset
-    loader = build(root, processor, energon={"packing_buffer_size": 8}, batch_size=1, **PACKING)
+    loader = vlm_loader(root, processor, packing_buffer=8, batch_size=1)
     seen, multi_source_packs = [], 0
     for batch in loader:
         (sources,) = batch["source_ids"]
@@ -461,7 +451,7 @@ def test_corrupt_media_is_skipped_logged_and_counted(tmp_path, processor, caplog
     samples = good[:2] + bad[:1] + good[2:4] + bad[1:] + good[4:]
     split_keys = write_raw_dataset(tmp_path, samples, samples_per_shard=3, splits={"train": 1})
     caplog.set_level(logging.WARNING, logger="rl_data.energon.failure_budget")
-    loader = build(tmp_path, processor, source={"path": str(tmp_path), "split": "train"})
+    loader = vlm_loader(tmp_path, processor, source={"split": "train", "virtual_epoch_length": 0})
     keys = [k for batch in loader for k in batch["source_ids"]]
     assert keys == [k for k in split_keys["train"] if not k.startswith("bad-")]
     assert loader.skipped_samples == 3

@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-
-from energon_fixtures import SINGLE_RANK_UNPACKED, SMALL_PACKING, batch_source_ids, write_chat_dataset
+from energon_fixtures import batch_source_ids, make_loader, write_chat_dataset
 from restore_check import assert_restores_at_every_step, stream, torch_roundtrip
+
 from rl_data.energon.compat import internals
 from rl_data.energon.packing_restore import STATE_KEY, PackingRestoreCache
-from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
+from rl_data.energon.sft_dataloader import EnergonSFTDataLoader
 from rl_data.energon.state_codec import decode_rank_state, encode_rank_state
 from rl_data.energon.task_encoders.chat_sft import ChatSFTTaskEncoder
 
@@ -43,26 +43,15 @@ def dataset(tmp_path_factory, chat_conversations):
     )
 
 
-def _build(dataset, tokenizer, num_workers: int) -> EnergonSFTDataLoader:
-    # checkpoint_every_sec tiny: every worker checkpoint is at the batch delivered, so a restore
-    # replays nothing in the workers and restores the packing buffers from the state
-    energon = {
-        "num_workers": num_workers,
-        "shuffle_buffer_size": 6,
-        "max_samples_per_sequence": 2,
-        "checkpoint_every_sec": 0.001,
-        "packing_buffer_size": 8,
-    }
-    arguments = {**SINGLE_RANK_UNPACKED, **SMALL_PACKING}
-    return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True},
-        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
-        processor=tokenizer,
-        batch_size=2,
-        max_sequence_length=256,
-        split_role="train",
-        **arguments,
-    )
+#: Packed batches of 2 (first fit decreasing, buffer 8). checkpoint_every_sec tiny: every worker
+#: checkpoint is at the batch delivered, so a restore replays nothing in the workers and restores
+#: the packing buffers from the state.
+LOADER = {
+    "energon": {"shuffle_buffer_size": 6, "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.001},
+    "packing_buffer": 8,
+    "batch_size": 2,
+    "max_sequence_length": 256,
+}
 
 
 def _packed_view(batch):
@@ -168,7 +157,7 @@ def _deferred_state(loader: EnergonSFTDataLoader) -> dict:
 )
 def test_packed_loader_restores_exactly_at_every_step(dataset, tokenizer, num_workers, save):
     assert_restores_at_every_step(
-        lambda: _build(dataset, tokenizer, num_workers),
+        lambda: make_loader(dataset, tokenizer, **LOADER, workers=num_workers),
         steps=7 if num_workers else 13,
         extract=_packed_view,
         close=EnergonSFTDataLoader.close,
@@ -178,7 +167,7 @@ def test_packed_loader_restores_exactly_at_every_step(dataset, tokenizer, num_wo
 
 def _states_after_every_batch(dataset, tokenizer, steps: int) -> dict[int, dict]:
     """``{k: state_dict() after k batches}`` of a fresh 0-worker loader."""
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     states = {}
     stream(loader, _packed_view, steps, on_step=lambda k: states.__setitem__(k, loader.state_dict()))
     loader.close()
@@ -189,11 +178,11 @@ def _states_after_every_batch(dataset, tokenizer, steps: int) -> dict[int, dict]
 def test_a_deferred_state_leaves_the_buffers_out_and_completes_later_to_the_state_of_its_moment(
     dataset, tokenizer, encode_log
 ):
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     reference = stream(loader, _packed_view, 7)
     loader.close()
     full = _states_after_every_batch(dataset, tokenizer, 6)
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     deferred = {}
     stream(loader, _packed_view, 6, on_step=lambda k: deferred.__setitem__(k, loader.state_dict_deferring()))
     # completed after the loader moved on (and in another order): the state of its own moment
@@ -212,7 +201,7 @@ def test_a_deferred_state_leaves_the_buffers_out_and_completes_later_to_the_stat
     assert buffered, "the packing buffers are empty in the saved state: nothing to check"
     for state, re_encodes in ((light, True), (complete(), False)):
         encode_log.unlink(missing_ok=True)
-        restored = _build(dataset, tokenizer, 0)
+        restored = make_loader(dataset, tokenizer, **LOADER, workers=0)
         restored.load_state_dict(torch_roundtrip(state))
         rest = stream(restored, _packed_view, 4)
         restored.close()
@@ -226,7 +215,7 @@ def test_a_deferred_state_leaves_the_buffers_out_and_completes_later_to_the_stat
 def test_deferred_states_complete_in_another_thread_while_the_loader_iterates(dataset, tokenizer):
     # what a rank actor does: completions run beside the loader's thread
     full = _states_after_every_batch(dataset, tokenizer, 10)
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     completed = {}
 
     def defer(k):
@@ -243,7 +232,7 @@ def test_deferred_states_complete_in_another_thread_while_the_loader_iterates(da
 @pytest.mark.timeout(120)
 def test_with_workers_a_deferred_state_is_complete(dataset, tokenizer):
     # each worker's checkpoint crosses to the loader pickled, which resolves it in the worker
-    loader = _build(dataset, tokenizer, 2)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=2)
     stream(loader, _packed_view, 3)
     state, complete = loader.state_dict_deferring()
     loader.close()
@@ -253,10 +242,10 @@ def test_with_workers_a_deferred_state_is_complete(dataset, tokenizer):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["0_workers", "2_workers"])
 def test_restore_does_not_re_encode_the_packing_buffers(dataset, tokenizer, encode_log, num_workers):
-    loader = _build(dataset, tokenizer, num_workers)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=num_workers)
     reference = stream(loader, _packed_view, 6)
     loader.close()
-    loader = _build(dataset, tokenizer, num_workers)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=num_workers)
     stream(loader, _packed_view, 3)
     state = torch_roundtrip(loader.state_dict())
     loader.close()
@@ -264,7 +253,7 @@ def test_restore_does_not_re_encode_the_packing_buffers(dataset, tokenizer, enco
     assert buffered, "the packing buffers are empty in the saved state: nothing to check"
 
     encode_log.unlink(missing_ok=True)
-    restored = _build(dataset, tokenizer, num_workers)
+    restored = make_loader(dataset, tokenizer, **LOADER, workers=num_workers)
     restored.load_state_dict(state)
     rest = stream(restored, _packed_view, 3)
     restored.close()
@@ -280,7 +269,7 @@ def test_restore_does_not_re_encode_the_packing_buffers(dataset, tokenizer, enco
 def test_restore_encodes_only_what_the_uninterrupted_run_encodes(dataset, tokenizer, encode_log):
     # 0 workers: restore + first batch encodes exactly the new samples the uninterrupted run
     # encoded for that batch (the buffered ones come from the state)
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     batches = iter(loader)
     for _ in range(3):
         next(batches)
@@ -291,7 +280,7 @@ def test_restore_encodes_only_what_the_uninterrupted_run_encodes(dataset, tokeni
     loader.close()
 
     encode_log.unlink(missing_ok=True)
-    restored = _build(dataset, tokenizer, 0)
+    restored = make_loader(dataset, tokenizer, **LOADER, workers=0)
     restored.load_state_dict(state)
     next(iter(restored))
     restored.close()
@@ -300,10 +289,10 @@ def test_restore_encodes_only_what_the_uninterrupted_run_encodes(dataset, tokeni
 
 @pytest.mark.timeout(120)
 def test_a_state_without_the_cache_restores_exactly_by_re_encoding(dataset, tokenizer, encode_log):
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     reference = stream(loader, _packed_view, 6)
     loader.close()
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     stream(loader, _packed_view, 3)
     state = torch_roundtrip(loader.state_dict())
     loader.close()
@@ -312,7 +301,7 @@ def test_a_state_without_the_cache_restores_exactly_by_re_encoding(dataset, toke
     assert not _saved_caches(old_state)
 
     encode_log.unlink(missing_ok=True)
-    restored = _build(dataset, tokenizer, 0)
+    restored = make_loader(dataset, tokenizer, **LOADER, workers=0)
     restored.load_state_dict(old_state)
     rest = stream(restored, _packed_view, 3)
     restored.close()
@@ -323,23 +312,12 @@ def test_a_state_without_the_cache_restores_exactly_by_re_encoding(dataset, toke
 
 
 def test_a_state_of_another_adapter_is_refused(dataset, tokenizer):
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     stream(loader, _packed_view, 2)
     state = torch_roundtrip(loader.state_dict())
     loader.close()
-    other = build_energon_sft_loader(
-        data_config={
-            "energon": {"shuffle_buffer_size": 6, "max_samples_per_sequence": 2, "packing_buffer_size": 8},
-            "shuffle": True,
-            "add_eos": False,
-        },
-        source={"path": dataset.path, "split": "train", "virtual_epoch_length": 4},
-        processor=tokenizer,
-        batch_size=2,
-        max_sequence_length=256,
-        split_role="train",
-        **{**SINGLE_RANK_UNPACKED, **SMALL_PACKING},
-    )
+    energon = {"shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    other = make_loader(dataset, tokenizer, **{**LOADER, "energon": energon}, data_config={"add_eos": False})
     with pytest.raises(ValueError, match="identity changed: adapter"):
         other.load_state_dict(state)
 
@@ -352,7 +330,7 @@ def _cache_of(loader: EnergonSFTDataLoader) -> PackingRestoreCache:
 
 
 def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokenizer):
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     stream(loader, _packed_view, 2)
     cache = _cache_of(loader)
     samples = [sample for buffer in internals.packing_buffers(cache._packing) for sample in buffer.buffer]
@@ -391,7 +369,7 @@ def test_a_saved_sample_rebuilds_equal_and_others_are_not_saved(dataset, tokeniz
 
 def _saved_buffers(dataset, tokenizer) -> tuple[PackingRestoreCache, dict]:
     """The cache of a packing loader after 2 batches, and its saved packing buffer samples."""
-    loader = _build(dataset, tokenizer, 0)
+    loader = make_loader(dataset, tokenizer, **LOADER, workers=0)
     stream(loader, _packed_view, 2)
     cache = _cache_of(loader)
     payload = cache._resolve(cache._capture())

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 
 import pytest
 import torch
 
 from multimodal_fixtures import write_raw_dataset
-from energon_fixtures import SINGLE_RANK_UNPACKED
+from energon_fixtures import make_loader
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.sample_format import encode_sample
-from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.tasks import get_task
 from rl_data.energon.task_encoders.preference import PreferenceTaskEncoder
@@ -55,18 +55,8 @@ def dataset(tmp_path_factory, chat_conversations):
     return root, split_keys, dict(zip((k for k, _ in samples), records))
 
 
-def build(root, tokenizer, *, split_role="train", split=None, energon=None, **overrides):
-    arguments = dict(
-        data_config={"energon": {"task": "preference", **(energon or {})}, "shuffle": True},
-        source={"path": str(root), "split": split or ("train" if split_role == "train" else "val"), "virtual_epoch_length": 4},
-        processor=tokenizer,
-        batch_size=3,
-        max_sequence_length=MAX_LEN,
-        split_role=split_role,
-        **SINGLE_RANK_UNPACKED,
-    )
-    arguments.update(overrides)
-    return build_energon_sft_loader(**arguments)
+#: The shared loader builder with this module's defaults: the preference task, batches of 3.
+preference_loader = partial(make_loader, energon={"task": "preference"}, batch_size=3, max_sequence_length=MAX_LEN)
 
 
 def _encoder(tokenizer, max_len=MAX_LEN):
@@ -91,7 +81,7 @@ def test_a_pair_encodes_to_the_pinned_ids(tokenizer):
 
 def test_validation_batches_have_the_preference_datum_shape(dataset, tokenizer):
     root, split_keys, records = dataset
-    batches = list(build(root, tokenizer, split_role="validation"))
+    batches = list(preference_loader(root, tokenizer, role="validation"))
     assert [k for b in batches for k in b["source_ids"]] == split_keys["val"]
     adapter = ProcessorAdapter(tokenizer=tokenizer, max_sequence_length=MAX_LEN)
     batch = batches[0]
@@ -131,7 +121,7 @@ def test_restore_at_every_step(dataset, tokenizer):
         tensors.update({k: batch[k] for k in ("length_chosen", "length_rejected", "loss_multiplier")})
         return batch["source_ids"], tensors
 
-    report = assert_restores_at_every_step(lambda: build(root, tokenizer), steps=6, extract=view)
+    report = assert_restores_at_every_step(lambda: preference_loader(root, tokenizer), steps=6, extract=view)
     assert report.epoch_starts == [4]
     assert set(report.ids) <= set(split_keys["train"])
     assert report.ids[:6] != split_keys["train"][:6]  # shuffled
@@ -139,11 +129,11 @@ def test_restore_at_every_step(dataset, tokenizer):
 
 def test_identity_names_the_preference_components_and_refuses_the_sft_encoder(dataset, tokenizer):
     root, _, _ = dataset
-    loader = build(root, tokenizer)
+    loader = preference_loader(root, tokenizer)
     assert loader.identity["components"] == {"PreferenceTaskEncoder": 1, "PreferenceCooker": 1}
     assert loader.identity["loader"]["task_encoder"] == "preference"
     with pytest.raises(ValueError, match=r"^Energon loader identity changed: components.ChatCooker added 1; "):
-        build(root, tokenizer, energon={"task": "chat_sft"}).load_state_dict(loader.state_dict())
+        preference_loader(root, tokenizer, energon={"task": "chat_sft"}).load_state_dict(loader.state_dict())
     assert get_task("preference").encoder_class is PreferenceTaskEncoder
 
 
@@ -151,10 +141,10 @@ def test_packing_is_refused(dataset, tokenizer):
     root, _, _ = dataset
     # refused by the spec's checks, before any loader part is built (on the driver for a LoaderSpec)
     with pytest.raises(ValueError, match=r"^task 'preference' does not pack its samples, but packing_algorithm is 'first_fit_decreasing'; remove packing_algorithm"):
-        build(
+        preference_loader(
             root,
             tokenizer,
-            energon={"packing_buffer_size": 8},
+            energon={"task": "preference", "packing_buffer_size": 8},
             packing_algorithm="first_fit_decreasing",
             sequence_length_pad_multiple=8,
         )
@@ -169,7 +159,7 @@ def test_bad_pairs_are_skipped_logged_and_counted(tmp_path, tokenizer, caplog):
     ]
     split_keys = write_raw_dataset(tmp_path, good[:2] + bad + good[2:], samples_per_shard=3, splits={"train": 1})
     caplog.set_level(logging.WARNING, logger="rl_data.energon.failure_budget")
-    loader = build(tmp_path, tokenizer, split_role="validation", split="train")
+    loader = preference_loader(tmp_path, tokenizer, role="validation", source={"split": "train"})
     assert [k for b in loader for k in b["source_ids"]] == [k for k in split_keys["train"] if k.startswith("pair-")]
     assert loader.skipped_samples == 2
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped sample: ")]

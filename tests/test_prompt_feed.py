@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import torch
-from distributed_fixtures import ENERGON_WORKERS, TIMEOUT_S, runtime_config, shut_down
+from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, runtime_config, shut_down
 from restore_check import assert_rewinds_at_every_step
 
 from rl_data.distributed.client import wait_until_name_is_free
@@ -165,6 +165,7 @@ def test_the_feed_refuses_loaders_that_are_not_rl_prompts_in_exact_passes(tmp_pa
         check_prompt_spec(sft)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_concurrent_callers_resolve_every_prompt_of_two_epochs_exactly_once(
     ray_session, metrics_port, prompt_root, reference
@@ -388,7 +389,7 @@ def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_al
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_a_feed_rewound_to_the_checkpoint_after_every_window_hands_out_the_rest_exactly(ray_session, prompt_root, tokenizer, workers):
     """The step oracle on the feed: a step takes 5 prompts and acks them; the live feed (a window
     outstanding, ranks prefetching) is rewound to the checkpoint after every step, across the epoch end."""
@@ -411,7 +412,7 @@ def test_a_feed_rewound_to_the_checkpoint_after_every_window_hands_out_the_rest_
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_a_live_feed_rewinds_to_a_checkpoint_and_goes_on_as_a_fresh_restore_would(
     ray_session, prompt_root, tokenizer, tmp_path, workers
 ):

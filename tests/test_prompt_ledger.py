@@ -402,3 +402,26 @@ def test_random_interleavings_are_exactly_once(producer_count):
         except Exception as error:
             error.add_note(f"scenario seed={seed} producers={producer_count}")
             raise
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_a_checkpoint_with_many_resolved_uids_round_trips_and_leaves_the_collector_as_it_was(collector_on):
+    """``state_dict`` / ``load_state_dict`` build their uids with the garbage collector paused
+    (``collector_paused``: 10-20x faster with 50,000 uids) and switch it back only if it was on."""
+    import gc
+
+    source = ledger([300, 300], window=600)
+    taken = source.take(500)
+    source.ack([p.uid for p in taken[1::2]])  # out of order: 250 resolved above the low-water mark
+    source.drop([taken[2].uid], "too_easy")
+    was = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        state = source.state_dict()
+        restored = ledger([300, 300], window=600, state=state)
+        assert gc.isenabled() is collector_on
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert state["acked"] == [list(p.uid) for p in taken[1::2]] and state["dropped"] == [list(taken[2].uid)]
+    unresolved = [p.uid for i, p in enumerate(taken) if i % 2 == 0 and i != 2]
+    assert uids(restored.take(len(unresolved))) == [tuple(uid) for uid in unresolved]

@@ -15,9 +15,11 @@ from rl_data.distributed.rank_actor import (
     RankActor,
     RankRewoundError,
 )
-from rl_data.energon.sft_dataloader import build_energon_sft_loader
+from rl_data.energon.sft_dataloader import build_loader
 
 FINGERPRINT = "f" * 64
+#: The placement of the rank actors ``spawn`` starts, for loaders built directly (no Ray).
+OF_2 = {"logical_world_size": 2, "placement_fingerprint": FINGERPRINT}
 
 
 @pytest.fixture
@@ -51,13 +53,6 @@ def spawn(ray_session):
         ray_session.kill(actor, no_restart=True)
 
 
-def _direct_loader(spec: LoaderSpec, tokenizer, rank: int = 0, world_size: int = 2):
-    return build_energon_sft_loader(
-        **spec.builder_kwargs(), processor=tokenizer, logical_rank=rank,
-        logical_world_size=world_size, placement_fingerprint=FINGERPRINT,
-    )
-
-
 def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_session, spawn, energon_dataset, tokenizer):
     ray = ray_session
     spec = train_spec(energon_dataset)
@@ -89,7 +84,7 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
     status = wait_for(lambda: (s := ray.get(actor.status.remote(), timeout=TIMEOUT_S))["ready"] == 3 and s, "refill")
     assert status["produced"] == 10 and status["handed_out"] == 7
 
-    direct = _direct_loader(spec, tokenizer, rank=1)
+    direct = build_loader(spec, tokenizer, logical_rank=1, **OF_2)
     assert initial["identity"] == direct.identity and initial["format_version"] == 2
     expected, iterator = [], iter(direct)
     while len(expected) < 7:
@@ -101,7 +96,7 @@ def test_prefetches_ahead_and_keeps_the_following_state_with_every_batch(ray_ses
     assert ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)["loader_state"].equal(states[-1]["loader_state"])
     # The state kept with batch i makes a fresh loader continue with batch i + 1.
     for i in (0, 4, 5):
-        restored = _direct_loader(spec, tokenizer, rank=1)
+        restored = build_loader(spec, tokenizer, logical_rank=1, **OF_2)
         restored.load_state_dict(states[i])
         assert list(next(iter(restored))["source_ids"]) == batches[i + 1]
 
@@ -120,7 +115,7 @@ def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_ran
     states = [ray.get(actor.next_batch.remote()[1], timeout=TIMEOUT_S) for _ in range(COMPLETABLE_HANDED_OUT_STATES + 4)]
     assert all(isinstance(state.get(COMPLETION_KEY), str) for state in states)
 
-    direct, full = _direct_loader(spec, tokenizer, rank=1), []
+    direct, full = build_loader(spec, tokenizer, logical_rank=1, **OF_2), []
     iterator = iter(direct)
     while len(full) < len(states):
         try:
@@ -140,7 +135,7 @@ def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_ran
         kept = ray.get(actor.complete_state.remote(state), timeout=TIMEOUT_S)
         assert COMPLETION_KEY not in kept and kept["loader_state"].equal(state["loader_state"])
     # a deferred state restores a fresh loader exactly (it encodes the packing buffers again)
-    restored, expected = _direct_loader(spec, tokenizer, rank=1), _direct_loader(spec, tokenizer, rank=1)
+    restored, expected = build_loader(spec, tokenizer, logical_rank=1, **OF_2), build_loader(spec, tokenizer, logical_rank=1, **OF_2)
     restored.load_state_dict(states[3])
     expected.load_state_dict(full[3])
     assert list(next(iter(restored))["source_ids"]) == list(next(iter(expected))["source_ids"])
@@ -169,7 +164,7 @@ PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_b
 
 def _stream(spec: LoaderSpec, tokenizer, steps: int) -> list[list]:
     """The first ``steps`` batches' ids of rank 0's loader, across virtual epochs."""
-    loader, taken = _direct_loader(spec, tokenizer), []
+    loader, taken = build_loader(spec, tokenizer, logical_rank=0, **OF_2), []
     iterator = iter(loader)
     while len(taken) < steps:
         try:

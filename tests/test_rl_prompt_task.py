@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from energon_fixtures import SINGLE_RANK_UNPACKED
+from energon_fixtures import make_loader
 from megatron.energon import SourceInfo
 from preprocess_fixtures import GSM8K_ROW, read_quarantine, read_shards, write_jsonl
 from restore_check import assert_restores_at_every_step
@@ -16,7 +16,7 @@ from typing_extensions import get_type_hints
 
 from rl_data.energon.dataset_writer import write_energon_dataset
 from rl_data.energon.sample_format import encode_sample
-from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
+from rl_data.energon.sft_dataloader import EnergonSFTDataLoader
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.interfaces import DatumSpec
 from rl_data.preprocess.adapters import detect_adapter, resolve_adapter
@@ -120,17 +120,13 @@ def prompt_dataset(tmp_path_factory):
     return root, split_keys, {key: json.loads(members["json"]) for key, members in samples}
 
 
-def _loader(root, tokenizer, *, num_workers=0, padding="left", rank=0, world=1, batch_size=4, split_role="train", **data):
-    energon = {"task": "rl_prompt", "num_workers": num_workers, "shuffle_buffer_size": 6,
-               "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.5}
-    arguments = {**SINGLE_RANK_UNPACKED, "logical_rank": rank, "logical_world_size": world,
-                 "placement_fingerprint": f"placement-{world}"}
-    task = {"generation_padding": padding, **data.pop("task", {})}
-    return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True, "task": task, **data},
-        source={"path": str(root), "split": "train" if split_role == "train" else "val", "epoch_mode": "exact"},
-        processor=tokenizer, batch_size=batch_size, max_sequence_length=MAX_LEN, split_role=split_role, **arguments,
-    )
+#: Prompts in exact passes (train split, or val for role "validation"), batches of 4.
+LOADER = {
+    "energon": {"task": "rl_prompt", "shuffle_buffer_size": 6, "max_samples_per_sequence": 2, "checkpoint_every_sec": 0.5},
+    "source": {"epoch_mode": "exact", "virtual_epoch_length": 0},
+    "max_sequence_length": MAX_LEN,
+}
+LEFT_PADDED = {"task": {"generation_padding": "left"}}
 
 
 def _one_pass(loader) -> list:
@@ -145,7 +141,7 @@ def _long(key: str) -> bool:
 
 def test_batches_hold_exactly_the_datum_spec_fields(prompt_dataset, tokenizer):
     root, _, stored = prompt_dataset
-    batch = _one_pass(_loader(root, tokenizer, split_role="validation"))[0]
+    batch = _one_pass(make_loader(root, tokenizer, **LOADER, role="validation", data_config=LEFT_PADDED))[0]
     hints = get_type_hints(DatumSpec)
     datum_fields = {"message_log", "length", "extra_env_info", "loss_multiplier", "idx", "task_name", "stop_strings"}
     assert set(batch) == datum_fields | {"source_ids", "input_ids", "input_lengths"}
@@ -165,7 +161,8 @@ def test_prompt_messages_carry_the_plain_prompt_after_the_task_prompts(prompt_da
     """For trainers that apply the chat template themselves (TRL): the same prompt, not templated."""
     root, _, stored = prompt_dataset
     system = "Solve the problem. End with '#### <answer>'."
-    loader = _loader(root, tokenizer, split_role="validation", task={"prompt_messages": True}, system_prompt=system)
+    with_messages = {"task": {"generation_padding": "left", "prompt_messages": True}, "system_prompt": system}
+    loader = make_loader(root, tokenizer, **LOADER, role="validation", data_config=with_messages)
     identity = loader.state_dict()["identity"]
     batch = _one_pass(loader)[0]
     for row, key in enumerate(batch["source_ids"]):
@@ -174,7 +171,7 @@ def test_prompt_messages_carry_the_plain_prompt_after_the_task_prompts(prompt_da
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert "".join(m["content"] for m in batch["message_log"][row]) == rendered
     assert identity["task"]["config"] == {"generation_padding": "left", "prompt_messages": True}
-    default = _loader(root, tokenizer, split_role="validation")  # off: the identity is the one saved before the option
+    default = make_loader(root, tokenizer, **LOADER, role="validation", data_config=LEFT_PADDED)  # off: the identity is the one saved before the option
     assert default.state_dict()["identity"]["task"]["config"] == {"generation_padding": "left"}
     default.close()
 
@@ -196,7 +193,7 @@ def test_the_prompt_ends_with_the_generation_prompt(tokenizer):
 
 @pytest.mark.parametrize("padding", ["left", "right", "none"])
 def test_generation_input_ids_are_padded_on_the_configured_side(prompt_dataset, tokenizer, padding):
-    batches = _one_pass(_loader(prompt_dataset[0], tokenizer, padding=padding, split_role="validation"))
+    batches = _one_pass(make_loader(prompt_dataset[0], tokenizer, **LOADER, role="validation", data_config={"task": {"generation_padding": padding}}))
     pad = tokenizer.pad_token_id
     for batch in batches:
         if padding == "none":
@@ -215,7 +212,7 @@ def _delivered_idx(root, tokenizer, *, world: int, num_workers: int) -> tuple[di
     """``{key: idx}`` of one pass over every rank of ``world``, and the prompts they filtered."""
     found, filtered = {}, 0
     for rank in range(world):
-        loader = _loader(root, tokenizer, rank=rank, world=world, num_workers=num_workers, batch_size=1)
+        loader = make_loader(root, tokenizer, **LOADER, data_config=LEFT_PADDED, rank=rank, world=world, workers=num_workers, batch_size=1)
         for batch in loader:
             for key, idx in zip(batch["source_ids"], batch["idx"].tolist(), strict=True):
                 assert key not in found, f"{key} delivered twice"
@@ -241,7 +238,7 @@ def test_idx_is_the_position_in_the_split_for_every_world_size_and_worker_count(
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_long_prompts_are_filtered_counted_and_never_cut(prompt_dataset, tokenizer, num_workers):
     root, split_keys, stored = prompt_dataset
-    loader = _loader(root, tokenizer, num_workers=num_workers)
+    loader = make_loader(root, tokenizer, **LOADER, data_config=LEFT_PADDED, workers=num_workers)
     batches = list(loader)
     delivered = [key for batch in batches for key in batch["source_ids"]]
     long_keys = [key for key in split_keys["train"] if _long(key)]
@@ -266,7 +263,7 @@ def _ids_and_tensors(batch):
 def test_restore_after_every_batch_continues_the_same_stream(prompt_dataset, tokenizer, num_workers):
     root, split_keys, _ = prompt_dataset
     report = assert_restores_at_every_step(
-        lambda: _loader(root, tokenizer, num_workers=num_workers),
+        lambda: make_loader(root, tokenizer, **LOADER, data_config=LEFT_PADDED, workers=num_workers),
         steps=14, extract=_ids_and_tensors, close=EnergonSFTDataLoader.close,
     )
     assert report.epoch_starts  # the run crossed a pass boundary

@@ -20,6 +20,8 @@ from PIL import Image
 
 from distributed_fixtures import TIMEOUT_S, running_coordinator, runtime_config
 from multimodal_fixtures import image_bytes, sft_record, user_turn, write_raw_dataset
+from restore_check import assert_resumes_from_every_state, record_steps
+from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.config import LoaderSpec
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 from rl_data.energon.multimodal.task_encoders import load_default_multimodal_processor
@@ -126,15 +128,28 @@ def _take_steps(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) 
     return taken
 
 
-def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any) -> tuple[list, list]:
-    """Batches before the checkpoint (committed and one uncommitted) and after restoring it."""
+def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, expected: list[list[Any]]) -> tuple[list, list]:
+    """Batches before the checkpoint (committed and one uncommitted) and after loading it into the
+    live coordinator; then a rewind to the checkpoint of every committed step continues with the
+    ``expected`` sample ids."""
     with running_coordinator(ray, config, spec) as coordinator:
-        before = _take_steps(ray, coordinator, COMMITTED)
+        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+
+        def take() -> list[Any]:
+            step, refs = client.next_step()
+            batches = ray.get(refs, timeout=TIMEOUT_S)
+            client.commit(step)
+            return batches
+
+        before, states = record_steps(take, client.state_dict, COMMITTED)
         before += _take_steps(ray, coordinator, 1, commit=False)  # handed out, never committed
-        ray.get(coordinator.save_checkpoint.remote(str(directory)), timeout=TIMEOUT_S)
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert ray.get(coordinator.load_checkpoint.remote(str(directory)), timeout=TIMEOUT_S) == COMMITTED
-        after = _take_steps(ray, coordinator, RESUMED)
+        client.save_checkpoint(str(directory))
+        assert client.load_checkpoint(str(directory)) == COMMITTED  # a rewind: the pending step is dropped
+        after = [take() for _ in range(RESUMED)]
+        assert_resumes_from_every_state(
+            lambda: [list(batch["source_ids"]) for batch in take()], client.load_state_dict, states,
+            [[list(batch["source_ids"]) for batch in step] for step in expected[:COMMITTED]],
+        )
     return before, after
 
 
@@ -208,7 +223,7 @@ def test_multimodal_restore_continues_the_uninterrupted_stream(ray_session, imag
     spec = _spec(root, "vlm_sft", processor_factory=MULTIMODAL_FACTORY, **(PACKING if packing else {}))
     config = runtime_config(2, 1)
     expected = _reference_batches(spec, config, processor, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt")
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected)
     _assert_same_steps(before, expected[: COMMITTED + 1], media_view)
     _assert_same_steps(after, expected[COMMITTED:], media_view)
     fetched = [batch for step in before + after for batch in step]
@@ -272,7 +287,7 @@ def test_preference_restore_continues_the_uninterrupted_stream(ray_session, pref
     ray = ray_session
     spec, config = _spec(preference_dataset, "preference"), runtime_config(2, 1)
     expected = _reference_batches(spec, config, tokenizer, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt")
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected)
     _assert_same_steps(before, expected[: COMMITTED + 1], preference_view)
     _assert_same_steps(after, expected[COMMITTED:], preference_view)
     batch = after[-1][1]

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from energon_fixtures import SINGLE_RANK_UNPACKED, write_chat_dataset
+from energon_fixtures import make_loader, write_chat_dataset
 from restore_check import assert_restores_at_every_step, torch_roundtrip
 from rl_data.energon.config import EnergonLoaderConfig
 from rl_data.energon.failure_budget import SampleFailureBudgetExceeded
@@ -31,26 +31,6 @@ PACKING = dict(
     max_sequences_per_bin=None,
     sequence_length_pad_multiple=8,
 )
-
-
-def build(dataset, tokenizer, *, energon=None, source=None, data_config=None, **overrides):
-    """A train loader over ``dataset`` with small defaults; keyword arguments override."""
-    arguments = dict(
-        data_config={"energon": dict(energon or {}), "shuffle": True, **(data_config or {})},
-        source={
-            "path": dataset.path,
-            "split": "train",
-            "virtual_epoch_length": 4,
-            **(source or {}),
-        },
-        processor=tokenizer,
-        batch_size=4,
-        max_sequence_length=MAX_LEN,
-        split_role="train",
-        **SINGLE_RANK_UNPACKED,
-    )
-    arguments.update(overrides)
-    return build_energon_sft_loader(**arguments)
 
 
 def unpacked_view(batch):
@@ -84,7 +64,7 @@ def all_ids(loader, extract=unpacked_view):
 @pytest.mark.timeout(120)
 def test_restore_at_every_step_without_packing(energon_dataset, tokenizer):
     report = assert_restores_at_every_step(
-        lambda: build(energon_dataset, tokenizer), steps=10, extract=unpacked_view
+        lambda: make_loader(energon_dataset, tokenizer), steps=10, extract=unpacked_view
     )
     assert report.epoch_starts == [4, 8]  # k = 4 and k = 8 restore exactly at epoch boundaries
     ids = report.ids
@@ -96,7 +76,7 @@ def test_restore_at_every_step_without_packing(energon_dataset, tokenizer):
 @pytest.mark.timeout(120)
 def test_restore_at_every_step_with_packing(energon_dataset, tokenizer):
     report = assert_restores_at_every_step(
-        lambda: build(
+        lambda: make_loader(
             energon_dataset,
             tokenizer,
             energon={"packing_buffer_size": 12},
@@ -113,7 +93,7 @@ def test_restore_at_every_step_with_packing(energon_dataset, tokenizer):
 
 @pytest.mark.timeout(60)
 def test_state_dict_survives_torch_save_and_weights_only_load(energon_dataset, tokenizer):
-    loader = build(energon_dataset, tokenizer)
+    loader = make_loader(energon_dataset, tokenizer)
     iterator = iter(loader)
     next(iterator)
     state = loader.state_dict()
@@ -141,7 +121,7 @@ def test_state_dict_survives_torch_save_and_weights_only_load(energon_dataset, t
     assert loaded["identity"] == state["identity"]
     assert torch.equal(loaded["loader_state"], state["loader_state"])
     expected = unpacked_view(next(iterator))[0]
-    fresh = build(energon_dataset, tokenizer)
+    fresh = make_loader(energon_dataset, tokenizer)
     fresh.load_state_dict(loaded)
     assert unpacked_view(next(iter(fresh)))[0] == expected
 
@@ -149,21 +129,21 @@ def test_state_dict_survives_torch_save_and_weights_only_load(energon_dataset, t
 @pytest.mark.timeout(60)
 def test_state_dict_right_after_iter_with_workers_does_not_hang(energon_dataset, tokenizer):
     energon = {"num_workers": 2}
-    loader = build(energon_dataset, tokenizer, energon=energon)
+    loader = make_loader(energon_dataset, tokenizer, energon=energon)
     iterator = iter(loader)
     state = loader.state_dict()
     first = unpacked_view(next(iterator))[0]
     after_first = loader.state_dict()  # live state from the workers
     second = unpacked_view(next(iterator))[0]
     loader.close()
-    restored = build(energon_dataset, tokenizer, energon=energon)
+    restored = make_loader(energon_dataset, tokenizer, energon=energon)
     restored.load_state_dict(state)
     assert restored.state_dict()["loader_state"].numel() > 0  # before iter(): no hang either
     batches = iter(restored)
     assert restored.state_dict()["identity"] == state["identity"]
     assert unpacked_view(next(batches))[0] == first
     restored.close()
-    resumed = build(energon_dataset, tokenizer, energon=energon)
+    resumed = make_loader(energon_dataset, tokenizer, energon=energon)
     resumed.load_state_dict(after_first)
     assert unpacked_view(next(iter(resumed)))[0] == second
     resumed.close()
@@ -172,7 +152,7 @@ def test_state_dict_right_after_iter_with_workers_does_not_hang(energon_dataset,
 
 
 def test_restore_into_an_iterated_loader_is_refused(energon_dataset, tokenizer):
-    loader = build(energon_dataset, tokenizer)
+    loader = make_loader(energon_dataset, tokenizer)
     state = loader.state_dict()
     iter(loader)
     with pytest.raises(RuntimeError) as error:
@@ -293,15 +273,15 @@ def _refusal(saved_loader, current_loader):
 def test_refusal_lists_exact_changes(energon_dataset, tokenizer, saved, current, lines):
     assert (
         _refusal(
-            build(energon_dataset, tokenizer, **saved), build(energon_dataset, tokenizer, **current)
+            make_loader(energon_dataset, tokenizer, **saved), make_loader(energon_dataset, tokenizer, **current)
         )
         == lines
     )
 
 
 def test_only_unmask_final_without_packing_is_not_part_of_the_identity(energon_dataset, tokenizer):
-    saved = build(energon_dataset, tokenizer)
-    build(energon_dataset, tokenizer, only_unmask_final=True).load_state_dict(saved.state_dict())
+    saved = make_loader(energon_dataset, tokenizer)
+    make_loader(energon_dataset, tokenizer, only_unmask_final=True).load_state_dict(saved.state_dict())
 
 
 def test_a_copy_of_the_dataset_at_another_path_restores(energon_dataset, tokenizer, tmp_path):
@@ -310,12 +290,12 @@ def test_a_copy_of_the_dataset_at_another_path_restores(energon_dataset, tokeniz
     shutil.copytree(energon_dataset.root, copy_root)
     moved = copy.copy(energon_dataset)
     object.__setattr__(moved, "root", copy_root)
-    original = build(energon_dataset, tokenizer)
+    original = make_loader(energon_dataset, tokenizer)
     batches = iter(original)
     next(batches)
     state = torch_roundtrip(original.state_dict())
     expected = unpacked_view(next(batches))[0]
-    restored = build(moved, tokenizer)
+    restored = make_loader(moved, tokenizer)
     restored.load_state_dict(state)
     assert unpacked_view(next(iter(restored)))[0] == expected
     assert restored.state_dict()["identity"]["source"]["path"] == str(copy_root)
@@ -326,14 +306,14 @@ def test_refusal_of_the_same_path_rewritten_with_other_data(
 ):
     root = tmp_path / "data"
     first = write_chat_dataset(root, chat_conversations[:100], samples_per_shard=10)
-    saved = build(first, tokenizer).state_dict()
+    saved = make_loader(first, tokenizer).state_dict()
     old_uuid = (root / ".nv-meta" / "index.uuid").read_text()
     shutil.rmtree(root)
     second = write_chat_dataset(root, chat_conversations[100:200], samples_per_shard=10)
     new_uuid = (root / ".nv-meta" / "index.uuid").read_text()
     assert old_uuid != new_uuid
     with pytest.raises(ValueError) as error:
-        build(second, tokenizer).load_state_dict(saved)
+        make_loader(second, tokenizer).load_state_dict(saved)
     assert str(error.value) == (
         f"Energon loader identity changed: dataset.index_uuid {old_uuid!r} -> {new_uuid!r}"
     )
@@ -342,15 +322,15 @@ def test_refusal_of_the_same_path_rewritten_with_other_data(
 def test_refusal_of_another_chat_template(energon_dataset, tokenizer):
     other = copy.deepcopy(tokenizer)
     other.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ", 1)
-    saved, current = build(energon_dataset, tokenizer), build(energon_dataset, other)
+    saved, current = make_loader(energon_dataset, tokenizer), make_loader(energon_dataset, other)
     old, new = (loader.identity["adapter"]["chat_template_sha256"] for loader in (saved, current))
     assert old != new
     assert _refusal(saved, current) == [f"adapter.chat_template_sha256 {old!r} -> {new!r}"]
 
 
 def test_refusals_come_in_the_documented_order(energon_dataset, tokenizer):
-    state = build(energon_dataset, tokenizer).state_dict()
-    changed = build(energon_dataset, tokenizer, batch_size=2)
+    state = make_loader(energon_dataset, tokenizer).state_dict()
+    changed = make_loader(energon_dataset, tokenizer, batch_size=2)
 
     def refuse(loader, **edits):
         broken = {**state, **edits}
@@ -358,7 +338,7 @@ def test_refusals_come_in_the_documented_order(energon_dataset, tokenizer):
             loader.load_state_dict(broken)
         return str(error.value)
 
-    iterated = build(energon_dataset, tokenizer, batch_size=2)
+    iterated = make_loader(energon_dataset, tokenizer, batch_size=2)
     iter(iterated)
     assert refuse(iterated, backend="torch").startswith("cannot restore an Energon loader")
     assert refuse(changed, backend="torch", format_version=1) == (
@@ -371,7 +351,7 @@ def test_refusals_come_in_the_documented_order(energon_dataset, tokenizer):
     assert (
         refuse(changed, loader_state=[1, 2]) == "Energon loader identity changed: batch_size 4 -> 2"
     )
-    same = build(energon_dataset, tokenizer)
+    same = make_loader(energon_dataset, tokenizer)
     assert refuse(same, loader_state=[1, 2]) == (
         "loader_state must be a uint8 tensor of the encoded Energon rank state, got list"
     )
@@ -387,7 +367,7 @@ def test_logical_ranks_are_disjoint_and_cover_the_split(energon_dataset, tokeniz
     keys = energon_dataset.split_keys["train"]
     per_rank = []
     for rank in range(3):
-        loader = build(
+        loader = make_loader(
             energon_dataset,
             tokenizer,
             split_role="validation",
@@ -403,7 +383,7 @@ def test_shuffled_train_ranks_stay_disjoint(energon_dataset, tokenizer):
     seen = [
         set(
             all_ids(
-                build(
+                make_loader(
                     energon_dataset,
                     tokenizer,
                     logical_rank=r,
@@ -420,7 +400,7 @@ def test_shuffled_train_ranks_stay_disjoint(energon_dataset, tokenizer):
 
 
 def test_validation_keeps_order_and_the_last_partial_batch(energon_dataset, tokenizer):
-    loader = build(
+    loader = make_loader(
         energon_dataset, tokenizer, split_role="validation", source={"split": "val"}, batch_size=5
     )
     batches = [unpacked_view(b)[0] for b in loader]
@@ -432,7 +412,7 @@ def test_validation_keeps_order_and_the_last_partial_batch(energon_dataset, toke
 
 
 def test_validation_limit(energon_dataset, tokenizer):
-    loader = build(
+    loader = make_loader(
         energon_dataset,
         tokenizer,
         split_role="validation",
@@ -494,7 +474,7 @@ def test_validation_limit(energon_dataset, tokenizer):
 )
 def test_build_argument_checks(energon_dataset, tokenizer, overrides, message):
     with pytest.raises(ValueError) as error:
-        build(energon_dataset, tokenizer, **overrides)
+        make_loader(energon_dataset, tokenizer, **overrides)
     if message is not None:
         assert str(error.value).startswith(message), str(error.value)
 
@@ -540,7 +520,7 @@ def test_worker_config_uses_the_compact_handler():
 
 
 def test_len_is_the_virtual_epoch_length(energon_dataset, tokenizer):
-    loader = build(energon_dataset, tokenizer, source={"virtual_epoch_length": 6})
+    loader = make_loader(energon_dataset, tokenizer, source={"virtual_epoch_length": 6})
     assert isinstance(loader, EnergonSFTDataLoader)
     assert len(loader) == 6
     assert len(list(loader)) == 6
@@ -556,7 +536,7 @@ def _skip_lines(caplog):
 def test_corrupt_samples_are_logged_counted_and_skipped(corrupt_energon_dataset, tokenizer, caplog):
     dataset = corrupt_energon_dataset
     caplog.set_level(logging.WARNING, logger="rl_data.energon.failure_budget")
-    loader = build(dataset, tokenizer, split_role="validation", batch_size=8)
+    loader = make_loader(dataset, tokenizer, split_role="validation", batch_size=8)
     ids = all_ids(loader)
     assert ids == dataset.good_keys("train")
     assert loader.skipped_samples == 3
@@ -576,7 +556,7 @@ def test_corrupt_samples_are_logged_counted_and_skipped(corrupt_energon_dataset,
 
 @pytest.mark.timeout(120)
 def test_skips_in_worker_processes_reach_the_loader(corrupt_energon_dataset, tokenizer):
-    loader = build(
+    loader = make_loader(
         corrupt_energon_dataset,
         tokenizer,
         split_role="validation",
@@ -589,7 +569,7 @@ def test_skips_in_worker_processes_reach_the_loader(corrupt_energon_dataset, tok
 
 
 def test_skip_ratio_above_the_budget_is_fatal(corrupt_energon_dataset, tokenizer):
-    loader = build(
+    loader = make_loader(
         corrupt_energon_dataset,
         tokenizer,
         split_role="validation",
@@ -616,7 +596,7 @@ def test_an_always_failing_encoder_on_a_small_split_is_fatal(
     energon_dataset, broken_tokenizer, caplog
 ):
     caplog.set_level(logging.WARNING, logger="rl_data.energon.failure_budget")
-    loader = build(
+    loader = make_loader(
         energon_dataset, broken_tokenizer, split_role="validation", source={"split": "val"}
     )
     with pytest.raises(SampleFailureBudgetExceeded) as error:
@@ -634,7 +614,7 @@ def test_an_always_failing_encoder_on_a_small_split_is_fatal(
 def test_an_always_failing_train_encoder_hits_the_consecutive_limit(
     energon_dataset, broken_tokenizer
 ):
-    loader = build(energon_dataset, broken_tokenizer, energon={"max_consecutive_failures": 10})
+    loader = make_loader(energon_dataset, broken_tokenizer, energon={"max_consecutive_failures": 10})
     with pytest.raises(SampleFailureBudgetExceeded) as error:
         next(iter(loader))
     message = str(error.value)
@@ -665,12 +645,12 @@ def test_state_dict_after_a_failed_first_batch_with_workers_does_not_hang(
 ):
     # Energon's iteration started but produced no batch: saving live would wait forever
     energon = {"num_workers": 2, "max_consecutive_failures": 5}
-    loader = build(energon_dataset, broken_tokenizer, energon=energon)
+    loader = make_loader(energon_dataset, broken_tokenizer, energon=energon)
     with pytest.raises(SampleFailureBudgetExceeded):
         next(iter(loader))
     state = loader.state_dict()
     loader.close()
-    fresh = build(energon_dataset, broken_tokenizer, energon=energon)
+    fresh = make_loader(energon_dataset, broken_tokenizer, energon=energon)
     assert torch.equal(state["loader_state"], fresh.state_dict()["loader_state"])
 
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from energon_fixtures import (
-    SINGLE_RANK_UNPACKED,
     batch_source_ids,
+    make_loader,
     build_small_train_loader,
     write_chat_dataset,
 )
 from restore_check import assert_restores_at_every_step, stream, torch_roundtrip
-from rl_data.energon.sft_dataloader import EnergonSFTDataLoader, build_energon_sft_loader
+from rl_data.energon.sft_dataloader import EnergonSFTDataLoader
 
 
 @pytest.fixture(scope="module")
@@ -34,24 +34,8 @@ def small_dataset(tmp_path_factory, chat_conversations):
     )
 
 
-def _audit_loader(dataset, tokenizer, epoch_mode):
-    return build_energon_sft_loader(
-        data_config={
-            "energon": {"num_workers": 2, "shuffle_buffer_size": 20, "checkpoint_every_sec": 0.5},
-            "shuffle": True,
-        },
-        source={
-            "path": dataset.path,
-            "split": "train",
-            "virtual_epoch_length": 5,
-            "epoch_mode": epoch_mode,
-        },
-        processor=tokenizer,
-        batch_size=4,
-        max_sequence_length=256,
-        split_role="train",
-        **SINGLE_RANK_UNPACKED,
-    )
+#: The audit's loader: 2 workers, batches of 4, shuffle buffer 20, loops of 5 batches.
+AUDIT_LOADER = {"energon": {"shuffle_buffer_size": 20, "checkpoint_every_sec": 0.5}, "workers": 2, "max_sequence_length": 256}
 
 
 @pytest.mark.timeout(120)
@@ -59,14 +43,15 @@ def _audit_loader(dataset, tokenizer, epoch_mode):
 def test_audit_reproducer_commit_one_step_then_restore(energon_dataset, tokenizer, epoch_mode):
     # 2 workers, batch 4, shuffle buffer 20, loops of 5: save after 1 step, restore into a fresh
     # loader; steps 6-9 (after the loop boundary) used to come as 7, 6, 9, 8.
-    loader = _audit_loader(energon_dataset, tokenizer, epoch_mode)
+    source = {"virtual_epoch_length": 5, "epoch_mode": epoch_mode}
+    loader = make_loader(energon_dataset, tokenizer, **AUDIT_LOADER, source=source)
     reference = stream(loader, batch_source_ids, 12)
     loader.close()
-    loader = _audit_loader(energon_dataset, tokenizer, epoch_mode)
+    loader = make_loader(energon_dataset, tokenizer, **AUDIT_LOADER, source=source)
     first = stream(loader, batch_source_ids, 1)
     state = torch_roundtrip(loader.state_dict())
     loader.close()
-    restored = _audit_loader(energon_dataset, tokenizer, epoch_mode)
+    restored = make_loader(energon_dataset, tokenizer, **AUDIT_LOADER, source=source)
     restored.load_state_dict(state)
     rest = stream(restored, batch_source_ids, 11)
     restored.close()

@@ -14,10 +14,9 @@ import torch
 from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint
 from megatron.energon.state import FlexState
 
-from energon_fixtures import SINGLE_RANK_UNPACKED
+from energon_fixtures import make_loader
 from restore_check import torch_roundtrip
 from rl_data.distributed.checkpoint_files import load_checkpoint_file, save_checkpoint_file
-from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.state_codec import (
     CODEC,
     TAGS,
@@ -28,25 +27,8 @@ from rl_data.energon.state_codec import (
     encode_rank_state,
 )
 
-PACKING = dict(packing_algorithm="first_fit_decreasing", sequence_length_pad_multiple=8)
-
-
-def _loader(dataset, tokenizer, *, workers=0, packing=False, role="train"):
-    energon = {"num_workers": workers, "shuffle_buffer_size": 20}
-    options = dict(SINGLE_RANK_UNPACKED)
-    if packing:
-        energon["packing_buffer_size"] = 8
-        options.update(PACKING)
-    split = "train" if role == "train" else "val"
-    return build_energon_sft_loader(
-        data_config={"energon": energon, "shuffle": True},
-        source={"path": dataset.path, "split": split, "virtual_epoch_length": 4},
-        processor=tokenizer,
-        batch_size=2,
-        max_sequence_length=512,
-        split_role=role,
-        **options,
-    )
+#: Batches of 2, shuffle buffer 20 (packed: first fit decreasing, buffer 8).
+LOADER = {"energon": {"shuffle_buffer_size": 20}, "batch_size": 2}
 
 
 def _assert_identical(found, expected, where="state"):
@@ -86,7 +68,7 @@ def _assert_identical(found, expected, where="state"):
     ids=["0w", "0w-packing", "0w-val", "2w-packing", "2w-val"],
 )
 def test_real_rank_states_round_trip_exactly(energon_dataset, tokenizer, workers, packing, role):
-    loader = _loader(energon_dataset, tokenizer, workers=workers, packing=packing, role=role)
+    loader = make_loader(energon_dataset, tokenizer, **LOADER, workers=workers, packing_buffer=8 if packing else None, role=role)
     batches = iter(loader)
     next(batches), next(batches)
     stream = loader._stream
@@ -101,12 +83,12 @@ def test_real_rank_states_round_trip_exactly(energon_dataset, tokenizer, workers
 
 @pytest.mark.timeout(60)
 def test_envelope_restores_after_torch_save_and_weights_only_load(energon_dataset, tokenizer):
-    loader = _loader(energon_dataset, tokenizer, packing=True)
+    loader = make_loader(energon_dataset, tokenizer, **LOADER, packing_buffer=8)
     batches = iter(loader)
     next(batches)
     state = loader.state_dict()
     expected = next(batches)["source_ids"]
-    restored = _loader(energon_dataset, tokenizer, packing=True)
+    restored = make_loader(energon_dataset, tokenizer, **LOADER, packing_buffer=8)
     restored.load_state_dict(torch_roundtrip(state))
     assert next(iter(restored))["source_ids"] == expected
     assert json.loads(state["loader_state"].numpy().tobytes())["codec"] == CODEC
@@ -300,9 +282,9 @@ def test_a_document_whose_state_is_not_a_loader_state_is_refused_naming_its_type
 @pytest.mark.timeout(60)
 def test_a_loader_refuses_a_state_that_is_not_a_loader_state_before_energon_sees_it(energon_dataset, tokenizer):
     # Energon's restore_state_rank would fail on it with a bare AssertionError()
-    crafted = _crafted(_loader(energon_dataset, tokenizer).state_dict(), _document({"$": "FlexState", "items": {}}))
+    crafted = _crafted(make_loader(energon_dataset, tokenizer, **LOADER).state_dict(), _document({"$": "FlexState", "items": {}}))
     with pytest.raises(StateCodecError, match=r"state is a FlexState, expected a SavableDataLoaderState"):
-        _loader(energon_dataset, tokenizer).load_state_dict(crafted)
+        make_loader(energon_dataset, tokenizer, **LOADER).load_state_dict(crafted)
 
 
 class _WritesMarker:
@@ -330,26 +312,26 @@ OLD_PICKLE_REFUSAL = (
 @pytest.mark.timeout(60)
 def test_a_crafted_checkpoint_is_refused_and_runs_nothing(energon_dataset, tokenizer, tmp_path):
     marker = tmp_path / "marker"
-    state = _loader(energon_dataset, tokenizer).state_dict()
+    state = make_loader(energon_dataset, tokenizer, **LOADER).state_dict()
     crafted = _crafted(state, pickle.dumps(_WritesMarker(marker), protocol=pickle.HIGHEST_PROTOCOL))
     file = save_checkpoint_file(tmp_path / "ckpt" / "rl_data_state.pt", {"ranks": [crafted]})
     loaded = load_checkpoint_file(file)["ranks"][0]  # the file itself is data: weights_only
-    fresh = _loader(energon_dataset, tokenizer)
+    fresh = make_loader(energon_dataset, tokenizer, **LOADER)
     with pytest.raises(StateCodecError) as error:
         fresh.load_state_dict(loaded)
     assert str(error.value) == OLD_PICKLE_REFUSAL
     assert not marker.exists()
-    restored = _loader(energon_dataset, tokenizer)  # the same envelope with the real state loads
+    restored = make_loader(energon_dataset, tokenizer, **LOADER)  # the same envelope with the real state loads
     genuine = load_checkpoint_file(save_checkpoint_file(file, {"ranks": [state]}))["ranks"][0]
     restored.load_state_dict(genuine)
 
 
 @pytest.mark.timeout(60)
 def test_a_state_pickled_by_an_older_rl_data_is_refused(energon_dataset, tokenizer):
-    loader = _loader(energon_dataset, tokenizer)
+    loader = make_loader(energon_dataset, tokenizer, **LOADER)
     batches = iter(loader)
     next(batches)
     old = _crafted(loader.state_dict(), pickle.dumps(loader._stream.energon_state(), protocol=5))
     with pytest.raises(StateCodecError) as error:
-        _loader(energon_dataset, tokenizer).load_state_dict(old)
+        make_loader(energon_dataset, tokenizer, **LOADER).load_state_dict(old)
     assert str(error.value) == OLD_PICKLE_REFUSAL

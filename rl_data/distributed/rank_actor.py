@@ -98,7 +98,7 @@ class RankActor:
         coordinator_name: str = "",
         deferred_states: bool = False,
     ) -> None:
-        from rl_data.energon.sft_dataloader import build_loader
+        build_loader = loader_spec.loader_builder()  # Energon's (imports torch, Energon) or the task's own
 
         self.rank, self.world_size = rank, world_size
         self._split_role = loader_spec.split_role

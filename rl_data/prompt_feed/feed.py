@@ -121,11 +121,15 @@ class FeedConfig(BaseModel):
 
 
 def check_prompt_spec(spec: LoaderSpec) -> None:
-    """Refuse a loader that does not read ``rl_prompt`` training data in exact passes (epoch e =
-    pass e) or in ``virtual`` mode (one endless epoch 0: what a mixture of datasets gives)."""
+    """Refuse a loader that does not read prompts (``rl_prompt``, or another task with
+    ``Task.prompt_batches``) for training in exact passes (epoch e = pass e) or in ``virtual``
+    mode (one endless epoch 0: what a mixture of datasets gives)."""
     problems = []
-    if spec.data_config.energon.task != PROMPT_TASK:
-        problems.append(f"data_config['energon']['task'] is {spec.data_config.energon.task!r}, expected {PROMPT_TASK!r}")
+    if spec.data_config.energon.task != PROMPT_TASK and not spec.task().prompt_batches:  # rl_prompt: no import here
+        problems.append(
+            "a task whose batches are not prompts (Task.prompt_batches is False): "
+            f"data_config['energon']['task'] is {spec.data_config.energon.task!r}, expected {PROMPT_TASK!r}"
+        )
     if spec.split_role != "train":
         problems.append(f"split_role is {spec.split_role!r}, expected 'train'")
     if spec.source.epoch_mode == "exact" and spec.source.virtual_epoch_length != 0:

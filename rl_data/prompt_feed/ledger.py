@@ -43,9 +43,11 @@ The pure core of the async-RL prompt feed (no Ray, no I/O; the runtime drives it
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,20 @@ from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull
 from rl_data.stateful import envelope, open_envelope
 
 OUTSTANDING, RELEASED, ACKED, DROPPED = "outstanding", "released", "acked", "dropped"
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a checkpoint's uids are built or read: allocating one
+    small object per resolved uid with it on made ``state_dict`` and ``load_state_dict`` 10-20x slower
+    (50,000 acked above the low-water mark: 1.0 s against 0.07 s, every time; uids hold no cycles)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class UidStateError(ValueError):
@@ -205,12 +221,15 @@ class PromptLedger:
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint: the position at the low-water mark plus what was resolved above it."""
         states, cursor = self._stream.position_before(self._journal)
-        resolved = sorted(self._state.items())
+        with collector_paused():
+            resolved = sorted((uid, state) for uid, state in self._state.items() if state in (ACKED, DROPPED))
+            acked = [list(uid) for uid, state in resolved if state == ACKED]
+            dropped = [list(uid) for uid, state in resolved if state == DROPPED]
         return envelope(self.STATE_FORMAT, self.STATE_VERSION, {
             self.KEY_PRODUCERS: states,
             self.KEY_CURSOR: cursor.to_json(),
-            self.KEY_ACKED: [list(uid) for uid, state in resolved if state == ACKED],
-            self.KEY_DROPPED: [list(uid) for uid, state in resolved if state == DROPPED],
+            self.KEY_ACKED: acked,
+            self.KEY_DROPPED: dropped,
             self.KEY_FRONTIER: list(self._frontier),
             self.KEY_EPOCHS: [
                 {"epoch": e, "size": c.size, "taken": c.taken, "rehanded": c.rehanded, "released": c.released,
@@ -233,7 +252,8 @@ class PromptLedger:
             )
         producers, cursor, acked, dropped, frontier, epochs = self._checked_state(state)
         self._stream.restore(producers, cursor)
-        self._state = {uid: ACKED for uid in acked} | {uid: DROPPED for uid in dropped}
+        with collector_paused():
+            self._state = {uid: ACKED for uid in acked} | {uid: DROPPED for uid in dropped}
         self._frontier, self._epochs = frontier, epochs
 
     def _pull_unresolved(self) -> Uid:
@@ -341,11 +361,12 @@ class PromptLedger:
                 "producers; restore with the producers the checkpoint was saved with"
             )
         cursor = Cursor.from_json(state[self.KEY_CURSOR], producers=count)
-        acked, dropped, frontier = (
-            [_uid(v) for v in state[self.KEY_ACKED]],
-            [_uid(v) for v in state[self.KEY_DROPPED]],
-            _uid(state[self.KEY_FRONTIER]),
-        )
+        with collector_paused():
+            acked, dropped, frontier = (
+                [_uid(v) for v in state[self.KEY_ACKED]],
+                [_uid(v) for v in state[self.KEY_DROPPED]],
+                _uid(state[self.KEY_FRONTIER]),
+            )
         epochs = {}
         for entry in state[self.KEY_EPOCHS]:
             try:

@@ -371,6 +371,7 @@ TASK = Task(
     supports_packing=False,
     adapter_overrides={"add_generation_prompt": True, "add_eos": False},
     left_padded_columns=lambda config: ("input_ids",) if config.generation_padding == "left" else (),
+    prompt_batches=True,
     adapters=tuple(spec.name for spec in ADAPTERS),
     adapter_specs=ADAPTERS,
     demo=DemoData(
