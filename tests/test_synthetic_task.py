@@ -21,6 +21,7 @@ from restore_check import assert_restores_at_every_step, assert_rewinds_at_every
 
 from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.placement import config_layout, placement_fingerprint
+from rl_data.distributed.rank_actor import loader_builder
 from rl_data.tasks.synthetic import load_stub_tokenizer, synthetic_loader_spec
 
 # 3 batches per pass (7 samples, batches of 2: one dropped per pass), so 7 steps cross two pass ends
@@ -29,7 +30,7 @@ STEPS = 7
 
 
 def _loader(rank: int = 0, world: int = 2, spec=SPEC):
-    return spec.loader_builder()(spec, load_stub_tokenizer(), logical_rank=rank, logical_world_size=world, placement_fingerprint="fp")
+    return loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=rank, logical_world_size=world, placement_fingerprint="fp")
 
 
 def _extract(batch):
@@ -41,7 +42,7 @@ def _reference(config, steps: int) -> list[list[list[str]]]:
     fingerprint = placement_fingerprint(config_layout(config))
     per_rank = []
     for rank in range(config.world_size):
-        loader = SPEC.loader_builder()(SPEC, load_stub_tokenizer(), logical_rank=rank,
+        loader = loader_builder(SPEC)(SPEC, load_stub_tokenizer(), logical_rank=rank,
                                        logical_world_size=config.world_size, placement_fingerprint=fingerprint)  # fmt: skip
         batches: list[list[str]] = []
         while len(batches) < steps:

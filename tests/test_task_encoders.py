@@ -153,7 +153,7 @@ def test_cooker_raises_for_bad_samples(payload, error, message):
         ChatCooker.cook(_crude("k-1", payload))
 
 
-def test_registry_names_the_valid_choices():
+def test_registry_names_the_valid_choices(builtin_tasks_only):
     assert get_task("chat_sft").encoder_class is ChatSFTTaskEncoder
     assert get_task("chat_sft").cooker(None) is ChatCooker
     assert SeedPathEncoder is BaseSFTTaskEncoder

@@ -28,7 +28,7 @@ RANK_0_OF_1 = dict(logical_rank=0, logical_world_size=1, placement_fingerprint="
 # -- registry ----------------------------------------------------------------------------------
 
 
-def test_builtin_tasks_and_their_stored_kinds():
+def test_builtin_tasks_and_their_stored_kinds(builtin_tasks_only):
     assert sorted(registered_tasks()) == ["chat_sft", "preference", "rl_prompt", "vlm_sft"]
     assert sorted(sample_schemas()) == ["preference", "rl_prompt", "sft"]
     assert get_task("vlm_sft").schema is get_task("chat_sft").schema
@@ -53,7 +53,7 @@ def test_a_loader_decoding_its_samples_imports_only_its_task():
     assert result.stdout.split() == ["['rl_data.tasks.chat_sft']"]
 
 
-def test_lookup_errors_name_the_choices():
+def test_lookup_errors_name_the_choices(builtin_tasks_only):
     with pytest.raises(ValueError, match=r"^unknown task 'sft'; registered tasks are \['chat_sft', 'preference', 'rl_prompt', 'vlm_sft'\]"):
         get_task("sft")
     with pytest.raises(ValueError, match=r"^cannot import task 'no_such_module_xyz:TASK': No module named"):

@@ -53,6 +53,17 @@ def without_completion_key(state: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in state.items() if key != COMPLETION_KEY}
 
 
+def loader_builder(spec: LoaderSpec) -> Callable[..., Any]:
+    """What builds ``spec``'s loader for one logical shard: the task's own ``build_loader`` (a task
+    that reads no Energon dataset), else :func:`rl_data.energon.sft_dataloader.build_loader`
+    (imported only then: it imports torch and Energon)."""
+    if spec.task().build_loader is not None:
+        return spec.task().build_loader
+    from rl_data.energon.sft_dataloader import build_loader
+
+    return build_loader
+
+
 class DataExhaustedError(RuntimeError):
     """A validation split has no further batch for this rank."""
 
@@ -98,7 +109,7 @@ class RankActor:
         coordinator_name: str = "",
         deferred_states: bool = False,
     ) -> None:
-        build_loader = loader_spec.loader_builder()  # Energon's (imports torch, Energon) or the task's own
+        build_loader = loader_builder(loader_spec)
 
         self.rank, self.world_size = rank, world_size
         self._split_role = loader_spec.split_role

@@ -80,17 +80,6 @@ class LoaderSpec(BaseModel):
         """The task ``data_config["energon"]["task"]`` names, resolved."""
         return get_task(self.data_config.energon.task)
 
-    def loader_builder(self) -> Callable[..., Any]:
-        """What builds this spec's loader for one logical shard: the task's own ``build_loader``
-        (a task that reads no Energon dataset), else :func:`rl_data.energon.sft_dataloader.build_loader`
-        (imported only then: it imports torch and Energon)."""
-        own = self.task().build_loader
-        if own is not None:
-            return own
-        from rl_data.energon.sft_dataloader import build_loader
-
-        return build_loader
-
     def load_processor_factory(self) -> Callable[[], Any]:
         """The processor factory named by ``processor_factory``, bound to its keyword arguments."""
         factory = load_object(self.processor_factory, "processor_factory")
