@@ -62,6 +62,14 @@ def test_restore_continues_exactly_after_the_committed_step(ray_session, energon
     assert saved["step"] == committed and len(saved["ranks"]) == world_size
     assert [s["identity"]["topology"]["logical_rank"] for s in saved["ranks"]] == list(range(world_size))
 
+    with running_coordinator(ray, config, spec) as coordinator:  # a fresh coordinator (a restarted job)
+        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S) == committed
+        step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+        assert step == committed + 1
+        assert [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)] == expected[committed]
+        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+        assert consume(ray, coordinator, steps - committed - 1) == expected[committed + 1 :]
+
 
 @pytest.mark.timeout(300)
 def test_a_packed_checkpoint_holds_complete_states_and_a_lost_rank_leaves_its_state_exact(ray_session, energon_dataset, tokenizer, tmp_path):
