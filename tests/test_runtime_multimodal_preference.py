@@ -129,9 +129,9 @@ def _take_steps(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) 
 
 
 def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, expected: list[list[Any]]) -> tuple[list, list]:
-    """Batches before the checkpoint (committed and one uncommitted) and after loading it into the
-    live coordinator; then a rewind to the checkpoint of every committed step continues with the
-    ``expected`` sample ids."""
+    """Batches before the checkpoint (committed and one uncommitted) and after loading it into a
+    fresh coordinator; loaded into the live coordinator (a rewind), and rewound to the checkpoint
+    of every committed step, it continues with the ``expected`` sample ids too."""
     with running_coordinator(ray, config, spec) as coordinator:
         client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
 
@@ -145,11 +145,14 @@ def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, ex
         before += _take_steps(ray, coordinator, 1, commit=False)  # handed out, never committed
         client.save_checkpoint(str(directory))
         assert client.load_checkpoint(str(directory)) == COMMITTED  # a rewind: the pending step is dropped
-        after = [take() for _ in range(RESUMED)]
+        ids = [[list(batch["source_ids"]) for batch in step] for step in expected]
+        assert [[list(batch["source_ids"]) for batch in take()] for _ in range(RESUMED)] == ids[COMMITTED:]
         assert_resumes_from_every_state(
-            lambda: [list(batch["source_ids"]) for batch in take()], client.load_state_dict, states,
-            [[list(batch["source_ids"]) for batch in step] for step in expected[:COMMITTED]],
+            lambda: [list(batch["source_ids"]) for batch in take()], client.load_state_dict, states, ids[:COMMITTED]
         )
+    with running_coordinator(ray, config, spec) as coordinator:  # a fresh coordinator (a restarted job)
+        assert ray.get(coordinator.load_checkpoint.remote(str(directory)), timeout=TIMEOUT_S) == COMMITTED
+        after = _take_steps(ray, coordinator, RESUMED)
     return before, after
 
 
