@@ -35,6 +35,7 @@ HEAVIEST_MODULES_FIRST = (
     "test_rank_actor.py",
     "test_train_sft_demo.py",
     "test_preload.py",
+    "test_scale_benchmark.py",
 )
 
 
