@@ -140,6 +140,60 @@ def expected_ids(spec: Any, world: int, placement_fingerprint: str, steps: list[
     return found
 
 
+def measure_handout(next_step: Any, coordinator_pid: int, rank_pids: list[int], settings: dict[str, Any], train_s: float) -> dict[str, Any]:
+    """Hand-out latency and CPU per step of ``next_step(commit=k-1)`` with ``train_s`` of training between steps."""
+    step, _ = next_step()
+    for _ in range(settings["warmup"]):
+        time.sleep(train_s)
+        step, _ = next_step(commit=step)
+    latencies, measured_start = [], time.perf_counter()
+    cpu_before, ranks_before = cpu_seconds([coordinator_pid]), cpu_seconds(rank_pids)
+    for _ in range(settings["steps"]):
+        time.sleep(train_s)
+        started = time.perf_counter()
+        step, _ = next_step(commit=step)
+        latencies.append(time.perf_counter() - started)
+    span = time.perf_counter() - measured_start
+    coordinator_cpu, ranks_cpu = cpu_seconds([coordinator_pid]) - cpu_before, cpu_seconds(rank_pids) - ranks_before
+    time.sleep(train_s)  # the idle processes' own rate (metrics, Ray's threads), once the ranks refilled
+    idle_before, ranks_idle_before, idle_started = cpu_seconds([coordinator_pid]), cpu_seconds(rank_pids), time.perf_counter()
+    time.sleep(3.0)
+    idle_s = time.perf_counter() - idle_started
+    idle_rate = (cpu_seconds([coordinator_pid]) - idle_before) / idle_s
+    ranks_idle_rate = (cpu_seconds(rank_pids) - ranks_idle_before) / idle_s
+    return {
+        "last_step": step, "handout_p50_ms": 1e3 * percentile(latencies, 50), "handout_p99_ms": 1e3 * percentile(latencies, 99),
+        "coordinator_cpu_ms_per_step": 1e3 * (coordinator_cpu - idle_rate * span) / settings["steps"],
+        "coordinator_idle_cpu_ms_per_s": 1e3 * idle_rate,
+        "ranks_cpu_ms_per_step": 1e3 * (ranks_cpu - ranks_idle_rate * span) / settings["steps"],
+        "ranks_idle_cpu_ms_per_s": 1e3 * ranks_idle_rate,
+        "load_steps": load_average(),
+    }  # fmt: skip
+
+
+def measure_bare_handout(ray: Any, spec: Any, world: int, fingerprint: str, settings: dict[str, Any], train_s: float) -> dict[str, Any]:
+    """The bare-Ray contender at ``world`` ranks (:mod:`benchmarks.bare_ray`), same batch and state sizes."""
+    from benchmarks.bare_ray import BareCoordinator, BareRank
+    from rl_data.distributed.rank_actor import loader_builder
+    from rl_data.tasks.synthetic import load_stub_tokenizer
+
+    loader = loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=0, logical_world_size=world,
+                                  placement_fingerprint=fingerprint)  # fmt: skip
+    batch = next(iter(loader))
+    state = loader.state_dict()
+    ranks = [ray.remote(BareRank).options(num_cpus=0).remote(batch, state) for _ in range(world)]
+    coordinator = ray.remote(BareCoordinator).options(num_cpus=0).remote(ranks)
+    coordinator_pid = ray.get(coordinator.pid.remote(), timeout=TIMEOUT_S)
+
+    def next_step(commit: Any = None) -> tuple[int, list[Any]]:
+        return ray.get(coordinator.next_step.remote(commit), timeout=TIMEOUT_S)
+
+    figures = measure_handout(next_step, coordinator_pid, [], settings, train_s)
+    for actor in [coordinator, *ranks]:
+        ray.kill(actor, no_restart=True)
+    return {f"bare_{key}": figures[key] for key in ("coordinator_cpu_ms_per_step", "handout_p50_ms", "load_steps")}
+
+
 def measure_shards(world: int, settings: dict[str, Any], tmp: Path, log: Any) -> dict[str, Any]:
     """Every coordinator figure at ``world`` logical shards, in a private Ray (see the module doc)."""
     from rl_data.distributed.client import CoordinatorClient, wait_until_name_is_free
@@ -177,33 +231,9 @@ def measure_shards(world: int, settings: dict[str, Any], tmp: Path, log: Any) ->
         row["rank_start_cpu_s_median"] = statistics.median(cpu_seconds([pid]) for pid in rank_pids)  # process start to ready
         fingerprint = status["placement_fingerprint"]
         log(f"G={world}: started in {row['startup_s']:.1f} s (load {load_average()})")
-        step, _ = client.next_step()
-        for _ in range(settings["warmup"]):
-            time.sleep(train_s)
-            step, _ = client.next_step(commit=step)
-        latencies, measured_start = [], time.perf_counter()
-        cpu_before, ranks_before = cpu_seconds([coordinator_pid]), cpu_seconds(rank_pids)
-        for _ in range(settings["steps"]):
-            time.sleep(train_s)
-            started = time.perf_counter()
-            step, _ = client.next_step(commit=step)
-            latencies.append(time.perf_counter() - started)
-        span = time.perf_counter() - measured_start
-        coordinator_cpu, ranks_cpu = cpu_seconds([coordinator_pid]) - cpu_before, cpu_seconds(rank_pids) - ranks_before
-        time.sleep(train_s)  # the idle processes' own rate (metrics, Ray's threads), once the ranks refilled
-        idle_before, ranks_idle_before, idle_started = cpu_seconds([coordinator_pid]), cpu_seconds(rank_pids), time.perf_counter()
-        time.sleep(3.0)
-        idle_s = time.perf_counter() - idle_started
-        idle_rate = (cpu_seconds([coordinator_pid]) - idle_before) / idle_s
-        ranks_idle_rate = (cpu_seconds(rank_pids) - ranks_idle_before) / idle_s
-        row.update({
-            "handout_p50_ms": 1e3 * percentile(latencies, 50), "handout_p99_ms": 1e3 * percentile(latencies, 99),
-            "coordinator_cpu_ms_per_step": 1e3 * (coordinator_cpu - idle_rate * span) / settings["steps"],
-            "coordinator_idle_cpu_ms_per_s": 1e3 * idle_rate,
-            "ranks_cpu_ms_per_step": 1e3 * (ranks_cpu - ranks_idle_rate * span) / settings["steps"],
-            "ranks_idle_cpu_ms_per_s": 1e3 * ranks_idle_rate,
-            "load_steps": load_average(),
-        })  # fmt: skip
+        client.save_checkpoint(str(tmp / f"warmup_{world}"))  # waits for the coordinator's background torch import
+        row.update(measure_handout(client.next_step, coordinator_pid, rank_pids, settings, train_s))
+        step = row.pop("last_step")
         row["coordinator_memory"] = memory_mb(coordinator_pid)
         rank_memory = [memory_mb(pid) for pid in rank_pids]
         row["rank_rss_mb_median"] = statistics.median(m["rss_mb"] for m in rank_memory)
@@ -261,6 +291,9 @@ def measure_shards(world: int, settings: dict[str, Any], tmp: Path, log: Any) ->
         exact &= first == saved_step + 1 and ids(refs) == reference[first]
         row.update({"startup_s_second": second_start, "exact": exact, "load_after": load_average()})
         stop(handle)
+        row.update(measure_bare_handout(ray, spec, world, fingerprint, settings, train_s))
+        row["coordinator_cpu_over_bare"] = row["coordinator_cpu_ms_per_step"] / row["bare_coordinator_cpu_ms_per_step"]
+        log(f"G={world}: bare Ray {row['bare_coordinator_cpu_ms_per_step']:.1f} CPU-ms/step (rl_data / bare {row['coordinator_cpu_over_bare']:.2f})")
     return row
 
 
@@ -307,34 +340,51 @@ def start_feed(ray: Any, settings: dict[str, Any], name: str, max_outstanding: i
 
 
 def measure_feed_callers(settings: dict[str, Any], tmp: Path, log: Any) -> list[dict[str, Any]]:
-    """Take/ack latency per number of callers, closed loop then paced (``pace_s``)."""
-    rows = []
+    """Take/ack latency per number of callers, closed loop then paced (``pace_s``); then the bare-Ray
+    contender (:class:`benchmarks.bare_ray.BareFeed`) in a closed loop, same callers and hosts."""
+    from benchmarks.bare_ray import BareFeed
+
+    closed = [(0.0, callers) for callers in settings["callers"]]
+    paced = [(settings["pace_s"], callers) for callers in settings["callers"]]
     with private_ray(settings["ray_cpus"], tmp) as ray:
         window = max(settings["callers"]) * settings["take_n"] + 64
-        feed = start_feed(ray, settings, "scale_feed_callers", window)
         hosts = [ray.remote(CallerHost).options(num_cpus=0).remote() for _ in range(settings["caller_hosts"])]
-        ray.get([host.run.remote(feed, 1, 3, settings["take_n"]) for host in hosts], timeout=TIMEOUT_S)  # warm-up
-        for pause_s, callers in [(0.0, c) for c in settings["callers"]] + [(settings["pace_s"], c) for c in settings["callers"]]:
-            used = hosts[: min(callers, len(hosts))]
-            rounds = settings["paced_rounds"] if pause_s else max(4, settings["takes_per_level"] // callers + 1)
-            load_before = load_average()
-            started = time.perf_counter()
-            results = ray.get([host.run.remote(feed, callers // len(used), rounds, settings["take_n"], pause_s) for host in used],
-                              timeout=TIMEOUT_S)  # fmt: skip
-            seconds = time.perf_counter() - started
-            takes = [t for r in results for t in r["take"]]
-            acks = [t for r in results for t in r["ack"]]
-            calls = 2 * callers * rounds
-            rows.append({
-                "callers": callers, "pause_s": pause_s, "hosts": len(used), "rounds": rounds,
-                "load_before": load_before, "load_after": load_average(),
-                "take_p50_ms": 1e3 * percentile(takes, 50), "take_p99_ms": 1e3 * percentile(takes, 99),
-                "ack_p50_ms": 1e3 * percentile(acks, 50), "ack_p99_ms": 1e3 * percentile(acks, 99),
-                "calls_per_s": calls / seconds,
-            })  # fmt: skip
-            log(f"feed, {callers} callers (pause {pause_s} s): take p50 {rows[-1]['take_p50_ms']:.1f} ms, p99 {rows[-1]['take_p99_ms']:.1f} ms, "
-                f"{rows[-1]['calls_per_s']:.0f} calls/s")  # fmt: skip
+        feed = start_feed(ray, settings, "scale_feed_callers", window)
+        rows = caller_levels(ray, feed, hosts, closed + paced, settings, "feed", log)
         ray.get(feed.shutdown.remote(), timeout=TIMEOUT_S)
+        ray.kill(feed, no_restart=True)
+        bare = ray.remote(BareFeed).options(num_cpus=0).remote(settings["prompt_tokens"])
+        for row, bare_row in zip(rows, caller_levels(ray, bare, hosts, closed, settings, "bare Ray feed", log)):
+            row.update({f"bare_{key}": bare_row[key] for key in ("take_p50_ms", "take_p99_ms", "ack_p50_ms", "calls_per_s", "load_after")})
+            row["take_p50_over_bare"] = row["take_p50_ms"] / row["bare_take_p50_ms"]
+    return rows
+
+
+def caller_levels(ray: Any, feed: Any, hosts: list[Any], levels: list[tuple[float, int]], settings: dict[str, Any],
+                  what: str, log: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per ``(pause_s, callers)`` level: take/ack latency and calls per second of ``feed``."""
+    rows = []
+    ray.get([host.run.remote(feed, 1, 3, settings["take_n"]) for host in hosts], timeout=TIMEOUT_S)  # warm-up
+    for pause_s, callers in levels:
+        used = hosts[: min(callers, len(hosts))]
+        rounds = settings["paced_rounds"] if pause_s else max(4, settings["takes_per_level"] // callers + 1)
+        load_before = load_average()
+        started = time.perf_counter()
+        results = ray.get([host.run.remote(feed, callers // len(used), rounds, settings["take_n"], pause_s) for host in used],
+                          timeout=TIMEOUT_S)  # fmt: skip
+        seconds = time.perf_counter() - started
+        takes = [t for r in results for t in r["take"]]
+        acks = [t for r in results for t in r["ack"]]
+        calls = 2 * callers * rounds
+        rows.append({
+            "callers": callers, "pause_s": pause_s, "hosts": len(used), "rounds": rounds,
+            "load_before": load_before, "load_after": load_average(),
+            "take_p50_ms": 1e3 * percentile(takes, 50), "take_p99_ms": 1e3 * percentile(takes, 99),
+            "ack_p50_ms": 1e3 * percentile(acks, 50), "ack_p99_ms": 1e3 * percentile(acks, 99),
+            "calls_per_s": calls / seconds,
+        })  # fmt: skip
+        log(f"{what}, {callers} callers (pause {pause_s} s): take p50 {rows[-1]['take_p50_ms']:.1f} ms, "
+            f"p99 {rows[-1]['take_p99_ms']:.1f} ms, {rows[-1]['calls_per_s']:.0f} calls/s")  # fmt: skip
     return rows
 
 
@@ -390,13 +440,14 @@ def fits(results: dict[str, Any]) -> dict[str, Any]:
     shards = results["shards"]
     xs = [row["shards"] for row in shards]
     coordinator = {key: linear_fit(xs, [row[key] for row in shards]) for key in (
-        "startup_s", "handout_p50_ms", "coordinator_cpu_ms_per_step", "ranks_cpu_ms_per_step", "checkpoint_s",
+        "startup_s", "handout_p50_ms", "coordinator_cpu_ms_per_step", "bare_coordinator_cpu_ms_per_step", "ranks_cpu_ms_per_step", "checkpoint_s",
         "checkpoint_mb", "rewind_s", "fresh_restore_s", "dead_rank_s")}  # fmt: skip
     feed = {}
     for mode, paced in (("closed", False), ("paced", True)):
         rows = [row for row in results["feed_callers"] if bool(row["pause_s"]) == paced]
         cx = [row["callers"] for row in rows]
-        feed.update({f"{mode}_{key}": linear_fit(cx, [row[key] for row in rows]) for key in ("take_p50_ms", "take_p99_ms", "ack_p50_ms")})
+        keys = ("take_p50_ms", "take_p99_ms", "ack_p50_ms") + (() if paced else ("bare_take_p50_ms",))
+        feed.update({f"{mode}_{key}": linear_fit(cx, [row[key] for row in rows]) for key in keys})
     levels = results["feed_outstanding"]["levels"]
     ox = [level["outstanding"] for level in levels]
     outstanding = {key: linear_fit(ox, [level[key] for level in levels]) for key in ("rss_above_start_mb", "checkpoint_kb")}
@@ -407,7 +458,7 @@ def markdown(results: dict[str, Any]) -> str:
     fit = results["fits"]
     lines = [f"# Scale ({results['date']}, {results['machine']})", "",
              f"Load (1-min) before the run {results['load_start']}, after {results['load_end']}.", "",
-             ("| G | start-up s (second) | rank start CPU s | hand-out p50 / p99 ms | coordinator CPU ms/step | ranks CPU ms/step | "
+             ("| G | start-up s (second) | rank start CPU s | hand-out p50 / p99 ms | coordinator CPU ms/step (bare Ray; ratio) | ranks CPU ms/step | "
               "checkpoint s | checkpoint MB | rewind s (+ first step) | fresh restore s (+ first step) | dead rank s | "
               "coordinator RSS MB | rank USS MB | exact | load |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -415,7 +466,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {r['shards']} | {r['startup_s']:.1f} / {r['startup_s_second']:.1f} | {r['rank_start_cpu_s_median']:.2f} | "
             f"{r['handout_p50_ms']:.1f} / {r['handout_p99_ms']:.1f} | "
-            f"{r['coordinator_cpu_ms_per_step']:.1f} | {r['ranks_cpu_ms_per_step']:.0f} | {r['checkpoint_s']:.3f} | {r['checkpoint_mb']:.3f} | "
+            f"{r['coordinator_cpu_ms_per_step']:.1f} ({r['bare_coordinator_cpu_ms_per_step']:.1f}; {r['coordinator_cpu_over_bare']:.2f}) | {r['ranks_cpu_ms_per_step']:.0f} | {r['checkpoint_s']:.3f} | {r['checkpoint_mb']:.3f} | "
             f"{r['rewind_s']:.2f} (+{r['rewind_first_step_s']:.2f}) | {r['fresh_restore_s']:.2f} (+{r['fresh_first_step_s']:.2f}) | "
             f"{r['dead_rank_s']:.2f} | {r['coordinator_memory']['rss_mb']:.0f} | {r['rank_uss_mb_median']:.1f} | {r['exact']} | "
             f"{r['load_before']} -> {r['load_after']} |"
@@ -423,12 +474,14 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", "| coordinator figure | per rank | fixed | slope ratio (upper / lower half) | line at G = 1,024 |", "|---|---|---|---|---|"]
     for key, f in fit["coordinator"].items():
         lines.append(f"| {key} | {f['per_unit']:.4g} | {f['fixed']:.4g} | {f['slope_ratio']:.2f} | {f['at_1024']:.4g} |")
-    lines += ["", "| callers | pause before a round s | hosts | take p50 / p99 ms | ack p50 / p99 ms | calls/s | load |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "Bare Ray: the same call pattern with rl_data's work taken out (`benchmarks/bare_ray.py`), same run.", "",
+              "| callers | pause before a round s | hosts | take p50 / p99 ms | ack p50 / p99 ms | calls/s | bare Ray take p50 ms, calls/s (ratio) | load |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results["feed_callers"]:
         pause = f"{0.5 * r['pause_s']:g}-{1.5 * r['pause_s']:g}" if r["pause_s"] else "0 (closed loop)"
+        bare = f"{r['bare_take_p50_ms']:.1f}, {r['bare_calls_per_s']:.0f} ({r['take_p50_over_bare']:.2f})" if "bare_take_p50_ms" in r else ""
         lines.append(f"| {r['callers']} | {pause} | {r['hosts']} | {r['take_p50_ms']:.1f} / {r['take_p99_ms']:.1f} | "
-                     f"{r['ack_p50_ms']:.1f} / {r['ack_p99_ms']:.1f} | {r['calls_per_s']:.0f} | {r['load_before']} -> {r['load_after']} |")  # fmt: skip
+                     f"{r['ack_p50_ms']:.1f} / {r['ack_p99_ms']:.1f} | {r['calls_per_s']:.0f} | {bare} | {r['load_before']} -> {r['load_after']} |")  # fmt: skip
     lines += ["", "| feed figure | per caller | fixed | slope ratio | line at 1,024 callers |", "|---|---|---|---|---|"]
     for key, f in fit["feed_callers"].items():
         lines.append(f"| {key} | {f['per_unit']:.4g} | {f['fixed']:.4g} | {f['slope_ratio']:.2f} | {f['at_1024']:.4g} |")
@@ -456,7 +509,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     g = [r["shards"] for r in shards]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     panels = [
-        (axes[0][0], "per step (ms)", [("coordinator CPU", "coordinator_cpu_ms_per_step"), ("hand-out p50", "handout_p50_ms")]),
+        (axes[0][0], "per step (ms)", [("coordinator CPU", "coordinator_cpu_ms_per_step"), ("bare Ray coordinator CPU", "bare_coordinator_cpu_ms_per_step"),
+                                       ("hand-out p50", "handout_p50_ms")]),
         (axes[0][1], "seconds", [("start-up", "startup_s"), ("rewind", "rewind_s"), ("fresh restore", "fresh_restore_s"),
                                  ("dead rank", "dead_rank_s"), ("checkpoint save", "checkpoint_s")]),
     ]  # fmt: skip
@@ -473,6 +527,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         rows = [r for r in results["feed_callers"] if bool(r["pause_s"]) == paced]
         for name, key in (("take p50", "take_p50_ms"), ("take p99", "take_p99_ms")):
             axes[1][1].plot([r["callers"] for r in rows], [r[key] for r in rows], marker="o", label=f"{name}, {mode}")
+    closed = [r for r in results["feed_callers"] if not r["pause_s"]]
+    axes[1][1].plot([r["callers"] for r in closed], [r["bare_take_p50_ms"] for r in closed], marker="x", linestyle="--",
+                    label="bare Ray take p50, closed loop")  # fmt: skip
     axes[1][1].set_yscale("log")
     axes[1][1].set_xlabel("concurrent feed callers")
     axes[1][1].set_ylabel("ms")

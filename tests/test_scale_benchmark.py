@@ -33,5 +33,10 @@ def test_the_quick_run_writes_every_table_and_every_restore_is_exact(tmp_path):
     assert {(row["callers"], bool(row["pause_s"])) for row in results["feed_callers"]} == {(1, False), (4, False), (1, True), (4, True)}
     assert [level["outstanding"] for level in results["feed_outstanding"]["levels"]] == [200, 800]
     assert set(results["fits"]) == {"coordinator", "feed_callers", "feed_outstanding"}
+    # the bare-Ray contenders ran beside every G and every closed-loop level
+    assert all(row["bare_coordinator_cpu_ms_per_step"] > 0 and row["coordinator_cpu_over_bare"] > 0 for row in results["shards"])
+    closed = [row for row in results["feed_callers"] if not row["pause_s"]]
+    assert all(row["bare_take_p50_ms"] > 0 and row["bare_calls_per_s"] > 0 for row in closed)
+    assert "bare_coordinator_cpu_ms_per_step" in results["fits"]["coordinator"]
     assert "| G | start-up s" in (tmp_path / "scale.md").read_text()
     assert (tmp_path / "scale.png").stat().st_size > 0

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
@@ -113,6 +113,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rl_data.distributed.coordinator"
 CHECKPOINT_FORMAT_VERSION = 1
+#: Once a step timed out waiting for all ranks: each rank's last wait (the late ones are named).
+_LATE_RANK_GRACE_S = 1.0
 
 
 @dataclass
@@ -188,12 +190,7 @@ class DataCoordinator:
             if step <= self._book.handed_step:
                 return step, await self._redeliver(step)
             self._producing = True
-            results = await asyncio.gather(
-                *(self._next_batch(r, step) for r in range(self._pool.world_size)), return_exceptions=True
-            )
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:  # every rank finished or timed out: nothing runs on in the background
-                raise failures[0]
+            results = await self._produce(step)
             self._next_calls.clear()
             self._book.hand_out([ref for ref, _ in results], [state for _, state in results])
             refs = self._dp.refs(step, self._book.pending[step][0])
@@ -362,8 +359,38 @@ class DataCoordinator:
         await asyncio.gather(*(self._caught_up(r, check_alive=True) for r in range(self._pool.world_size)))
         return self._dp.refs(step, self._book.pending[step][0])
 
-    async def _next_batch(self, rank: int, step: int) -> tuple[Any, dict[str, Any]]:
-        """Rank's batch ref and following state for ``step``, replacing the rank if it died."""
+    async def _produce(self, step: int) -> list[tuple[Any, dict[str, Any]]]:
+        """Every rank's batch ref and following state for new ``step``.
+
+        Fast path, when no replacement is catching up: one call per rank and one batched wait for
+        all their states in a thread (an asyncio wait per rank costs ~0.2 ms more per rank). If
+        any rank died, failed or is late, each rank's own wait sorts it out, on the same calls.
+        """
+        ranks, timeout = range(self._pool.world_size), self._config.step_timeout_s
+        late = False
+        if not self._recoveries:
+            for rank in ranks:
+                if rank not in self._next_calls:  # kept across a timeout so a retry does not skip
+                    self._next_calls[rank] = self._pool.actors[rank].next_batch.remote()
+            state_refs = [self._next_calls[rank][1] for rank in ranks]
+            try:
+                states = await asyncio.get_running_loop().run_in_executor(None, lambda: ray.get(state_refs, timeout=timeout))
+                return [(self._next_calls[rank][0], state) for rank, state in zip(ranks, states)]
+            except GetTimeoutError:
+                late = True  # the step's time is up: each rank's wait names the late ones
+            except RayError:  # a rank died or failed: handled rank by rank below, on the same calls
+                pass
+        results = await asyncio.gather(*(self._next_batch(rank, step, late) for rank in ranks), return_exceptions=True)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures:  # every rank finished or timed out: nothing runs on in the background
+            raise failures[0]
+        return results
+
+    async def _next_batch(self, rank: int, step: int, late: bool = False) -> tuple[Any, dict[str, Any]]:
+        """Rank's batch ref and following state for ``step``, replacing the rank if it died;
+        ``late``: the step's timeout already ran out (a short last wait)."""
+        limit = self._config.step_timeout_s
+        timeout = _LATE_RANK_GRACE_S if late else limit
         while True:
             await self._caught_up(rank)
             try:
@@ -371,9 +398,10 @@ class DataCoordinator:
                     self._next_calls[rank] = self._pool.actors[rank].next_batch.remote()
                 batch_ref, state_ref = self._next_calls[rank]
                 doing = f"producing the batch for step {step}"
-                return batch_ref, await self._pool.wait(state_ref, rank, doing, self._config.step_timeout_s)
+                return batch_ref, await self._pool.wait(state_ref, rank, doing, timeout, limit_s=limit)
             except RayActorError as error:
                 self._replace(rank, error)
+                timeout = limit  # the replacement gets the step's whole time
 
     async def _caught_up(self, rank: int, *, check_alive: bool = False) -> None:
         """Return once rank's actor is restored and has re-produced every pending step."""

@@ -223,20 +223,24 @@ class RankPool:
                 self.initial_states = list(await asyncio.gather(*states))
         return self.initial_states
 
-    async def wait(self, ref: Any, rank: Optional[int], doing: str, timeout: Optional[float] = None) -> Any:
+    async def wait(
+        self, ref: Any, rank: Optional[int], doing: str, timeout: Optional[float] = None, *, limit_s: Optional[float] = None
+    ) -> Any:
         """The value of a small object ref of ``rank`` (None: of the owner), within ``timeout``
         (default ``control_timeout_s``), with errors that name the rank and what it was doing.
-        A dead actor raises ``RayActorError`` (the caller decides whether to :meth:`replace` it)."""
+        A dead actor raises ``RayActorError`` (the caller decides whether to :meth:`replace` it).
+        ``limit_s``: the limit a timeout error names (default ``timeout``), when most of it was waited before."""
         timeout = self.config.control_timeout_s if timeout is None else timeout
+        limit = timeout if limit_s is None else limit_s
         try:
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
         except asyncio.TimeoutError:
             if rank is None:
                 raise RankTimeoutError(
-                    f"the {self.owner} did not finish {doing} within {timeout:g} s; check that the "
+                    f"the {self.owner} did not finish {doing} within {limit:g} s; check that the "
                     "cluster has these resources free"
                 ) from None
-            raise RankTimeoutError(f"rank {rank} did not finish {doing} within {timeout:g} s{await self._diagnose(rank)}") from None
+            raise RankTimeoutError(f"rank {rank} did not finish {doing} within {limit:g} s{await self._diagnose(rank)}") from None
         except RayTaskError as error:
             who = f"the {self.owner}" if rank is None else f"rank {rank}"
             raise RankFailedError(f"{who} failed while {doing}: {error.cause!r}") from None
