@@ -27,6 +27,10 @@ The feed (its own Ray; ``feed_ranks`` synthetic rank actors, prompts of ``prompt
   process's RSS, ``save_checkpoint`` time and size, a ``take(1)`` + ``ack`` round trip; then half of
   the 100,000 acked out of order (every other uid: resolved uids above the low-water mark).
 
+Bare-Ray contenders (:mod:`benchmarks.bare_ray`), same run: after each G, the same one call per rank
+per step with nothing of rl_data around it; after the feed's levels, a feed that does nothing, in
+the same closed loop. Their figures are this machine's floor for each call pattern (``rl_data / bare``).
+
 Each curve gets a least-squares line (per rank / per caller / per prompt cost) and the ratio of
 its slope over the upper half of the range to the slope over the lower half (1 = linear, > 1 =
 grows faster than linearly). Writes ``scale.json``, ``scale.md`` and ``scale.png`` to ``--out``.
