@@ -93,6 +93,15 @@ def _rank_libraries(pid: int) -> list[str]:
     return sorted({line.split()[-1] for line in maps.splitlines() if "/torch/" in line or "tokenizers" in line})
 
 
+def _ray_warned_of_a_blocking_get(ray, pid: int) -> bool:
+    """Whether the actor process ``pid`` logged Ray's "blocking ray.get inside async actor" warning
+    (the coordinator and the feed call ``ray.get`` in worker threads only: the warning is wrong there)."""
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    files = list(logs.glob(f"worker-*-{pid}.err"))
+    assert files, f"no log of process {pid} in {logs}"
+    return any("blocking ray.get inside async actor" in path.read_text(errors="replace") for path in files)
+
+
 def test_the_coordinator_rewinds_exactly_at_every_step_and_its_ranks_import_no_torch(ray_session):
     ray = ray_session
     config = runtime_config(3, 1, bundle_resources={"CPU": 0.05}, rank_actor_num_cpus=0.05, name="test_synthetic")
@@ -114,6 +123,7 @@ def test_the_coordinator_rewinds_exactly_at_every_step_and_its_ranks_import_no_t
     assert status["restarts"] == [0, 0, 0] and status["rewinds"] == STEPS
     for rank in status["ranks"]:
         assert _rank_libraries(rank["pid"]) == [], f"rank {rank['rank']} maps torch or tokenizers"
+    assert not _ray_warned_of_a_blocking_get(ray, status["pid"])
 
 
 def test_a_killed_rank_is_replaced_and_continues_exactly(ray_session, tmp_path):
@@ -159,6 +169,7 @@ def test_the_prompt_feed_serves_synthetic_prompts_exactly_once_per_epoch(ray_ses
                 per_epoch.setdefault(prompt.uid[0], []).append(prompt.key)
                 assert len(prompt.payload["token_ids"]) == 5
         wait_for(lambda: client.status()["totals"]["acked"] >= 24, "the acks")
+        assert not _ray_warned_of_a_blocking_get(ray, client.status()["pid"])
     finally:
         shut_down(ray, feed, config.name, config.namespace)
     every = sorted(f"synthetic-{i}" for i in range(14))

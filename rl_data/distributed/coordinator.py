@@ -90,6 +90,7 @@ from rl_data.distributed.rank_pool import (
     RestoreIncompleteError,
     count_rank_death,
     layout_fix,
+    quiet_threaded_get_warning,
     refuse_if_restore_failed,
 )
 from rl_data.distributed.shard_map import shard_assignment
@@ -139,6 +140,7 @@ class DataCoordinator:
         placement_group: Any = None,
         bundle_of_rank: Optional[Sequence[int]] = None,
     ) -> None:
+        quiet_threaded_get_warning()  # _produce waits for the ranks with ray.get in a thread
         self._config = config
         self._metrics = CoordinatorMetrics(config.name)
         self._pool = RankPool(

@@ -48,6 +48,8 @@ from rl_data.energon.identity import REWEIGHT_HINT, check_restorable
 from rl_data.fingerprint import differences
 #: Seconds a rank has to answer a status call (``status``, a late rank's diagnosis).
 STATUS_TIMEOUT_S = 10.0
+#: Ray's switch for its "blocking ray.get inside async actor" warning (see :func:`quiet_threaded_get_warning`).
+WARN_BLOCKING_GET_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
 
 
 class RankTimeoutError(TimeoutError):
@@ -60,6 +62,14 @@ class RankFailedError(RuntimeError):
 
 class RestoreIncompleteError(RuntimeError):
     """The last checkpoint restore failed part way: steps (or prompt takes) are refused until a restore succeeds."""
+
+
+def quiet_threaded_get_warning() -> None:
+    """Turn off Ray's "blocking ray.get inside async actor" warning in this actor's process, unless
+    the user set ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC``: the pool's owners (coordinator, feed) call
+    ``ray.get`` only in worker threads, never on their event loop, and Ray warns regardless of the
+    thread. Ray Train's controller sets the same variable for the same reason."""
+    os.environ.setdefault(WARN_BLOCKING_GET_ENV, "0")
 
 
 def count_rank_death(restarts: list[int], rank: int, max_restarts: int, cause: BaseException, during: str = "") -> None:
