@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 import threading
 import time
@@ -72,7 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayActorError
 
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
@@ -82,7 +81,7 @@ from rl_data.distributed.checkpoint_files import (
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.metrics import CoordinatorMetrics
 from rl_data.distributed.placement import consumer_layout, upgrade_layout_v1
-from rl_data.distributed.rank_actor import COMPLETION_KEY, without_completion_key
+from rl_data.distributed.rank_actor import without_completion_key
 from rl_data.distributed.rank_pool import (
     RankFailedError,
     RankPool,
@@ -90,7 +89,6 @@ from rl_data.distributed.rank_pool import (
     RestoreIncompleteError,
     count_rank_death,
     layout_fix,
-    quiet_threaded_get_warning,
     refuse_if_restore_failed,
 )
 from rl_data.distributed.shard_map import shard_assignment
@@ -109,8 +107,6 @@ __all__ = [
     "refuse_if_restore_failed",
     "start_data_coordinator",
 ]
-
-logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rl_data.distributed.coordinator"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -140,7 +136,6 @@ class DataCoordinator:
         placement_group: Any = None,
         bundle_of_rank: Optional[Sequence[int]] = None,
     ) -> None:
-        quiet_threaded_get_warning()  # _produce waits for the ranks with ray.get in a thread
         self._config = config
         self._metrics = CoordinatorMetrics(config.name)
         self._pool = RankPool(
@@ -258,26 +253,13 @@ class DataCoordinator:
         })
 
     async def _completed_states(self, step: int, states: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
-        """``step`` and its ``states``, each completed by its rank once (kept so in the book for
-        later checkpoints); a rank that cannot (replaced since, or not answering within the
-        control timeout) leaves its state as it is: as exact, a restore from it encodes more."""
-        deferred = [rank for rank, state in enumerate(states) if COMPLETION_KEY in state]
-        calls = [self._pool.actors[rank].complete_state.remote(states[rank]) for rank in deferred]
-        results = await asyncio.gather(
-            *(self._pool.wait(call, rank, "completing its state for a checkpoint") for rank, call in zip(deferred, calls)),
-            return_exceptions=True,
-        )
-        for rank, result in zip(deferred, results):
-            if isinstance(result, BaseException):
-                logger.warning(
-                    "rank %d did not complete its state of step %d (%s); the checkpoint keeps it as handed out "
-                    "(exact; its restore encodes the packing buffers' samples again)", rank, step, result,
-                )
-                result = without_completion_key(states[rank])
-                self._saved_deferred += 1
-            self._book.replace_state(step, rank, states[rank], result)  # completed once, also for its commit
-            states[rank] = result
-        return step, states
+        """``step`` and its ``states``, each completed by its rank once (:meth:`RankPool.complete_states`),
+        kept so in the book for later checkpoints and for the step's commit."""
+        completed, kept_deferred = await self._pool.complete_states(states, f"step {step}")
+        self._saved_deferred += kept_deferred
+        for rank, (handed, done) in enumerate(zip(states, completed)):
+            self._book.replace_state(step, rank, handed, done)
+        return step, completed
 
     async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
         """Restore every rank from a checkpoint, all or nothing; on a live coordinator, a rewind.
@@ -300,7 +282,7 @@ class DataCoordinator:
                 await self._restore(upgrade_layout_v1(state), reweight)  # v1: consumer layout inside the data layout
 
     async def _restore(self, state: dict[str, Any], reweight: bool) -> None:
-        self._check_checkpoint(state, reweight)
+        _check_checkpoint(state, self._pool, reweight)
         rewind = self._producing or bool(self._next_calls) or bool(self._recoveries)
         with self._pool.restoring(f"the checkpoint of step {state['step']}"):
             if rewind:
@@ -348,14 +330,6 @@ class DataCoordinator:
         """Kill the rank actors and remove the placement group if this coordinator made it."""
         self._pool.shutdown()
 
-    def _check_checkpoint(self, state: Any, reweight: bool = False) -> None:
-        """Refuse a checkpoint of another format, layout or loader identity (nothing is changed);
-        with ``reweight``, changed mixture weights alone are accepted."""
-        open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="data coordinator")
-        _check_checkpoint_structure(state)
-        identities = [saved.get("identity") for saved in state["ranks"]]
-        self._pool.check_checkpoint(state["placement"]["layout"], identities, reweight=reweight)
-
     async def _redeliver(self, step: int) -> list[Any]:
         """Pending step's refs, after every rank answered and every replacement caught up."""
         await asyncio.gather(*(self._caught_up(r, check_alive=True) for r in range(self._pool.world_size)))
@@ -365,23 +339,18 @@ class DataCoordinator:
         """Every rank's batch ref and following state for new ``step``.
 
         Fast path, when no replacement is catching up: one call per rank and one batched wait for
-        all their states in a thread (an asyncio wait per rank costs ~0.2 ms more per rank). If
-        any rank died, failed or is late, each rank's own wait sorts it out, on the same calls.
+        all their states (:meth:`RankPool.wait_all`). If any rank died, failed or is late, each
+        rank's own wait sorts it out, on the same calls.
         """
-        ranks, timeout = range(self._pool.world_size), self._config.step_timeout_s
-        late = False
+        ranks, late = range(self._pool.world_size), False
         if not self._recoveries:
-            for rank in ranks:
-                if rank not in self._next_calls:  # kept across a timeout so a retry does not skip
-                    self._next_calls[rank] = self._pool.actors[rank].next_batch.remote()
-            state_refs = [self._next_calls[rank][1] for rank in ranks]
-            try:
-                states = await asyncio.get_running_loop().run_in_executor(None, lambda: ray.get(state_refs, timeout=timeout))
-                return [(self._next_calls[rank][0], state) for rank, state in zip(ranks, states)]
-            except GetTimeoutError:
+            calls = [self._next_call(rank) for rank in ranks]
+            try:  # None: a rank died or failed, handled rank by rank below on the same calls
+                states = await self._pool.wait_all([state for _, state in calls], self._config.step_timeout_s)
+                if states is not None:
+                    return [(batch, state) for (batch, _), state in zip(calls, states)]
+            except TimeoutError:
                 late = True  # the step's time is up: each rank's wait names the late ones
-            except RayError:  # a rank died or failed: handled rank by rank below, on the same calls
-                pass
         results = await asyncio.gather(*(self._next_batch(rank, step, late) for rank in ranks), return_exceptions=True)
         failures = [result for result in results if isinstance(result, BaseException)]
         if failures:  # every rank finished or timed out: nothing runs on in the background
@@ -396,14 +365,18 @@ class DataCoordinator:
         while True:
             await self._caught_up(rank)
             try:
-                if rank not in self._next_calls:  # kept across a timeout so a retry does not skip
-                    self._next_calls[rank] = self._pool.actors[rank].next_batch.remote()
-                batch_ref, state_ref = self._next_calls[rank]
+                batch_ref, state_ref = self._next_call(rank)
                 doing = f"producing the batch for step {step}"
                 return batch_ref, await self._pool.wait(state_ref, rank, doing, timeout, limit_s=limit)
             except RayActorError as error:
                 self._replace(rank, error)
                 timeout = limit  # the replacement gets the step's whole time
+
+    def _next_call(self, rank: int) -> tuple[Any, Any]:
+        """Rank's outstanding ``next_batch`` call, made if there is none (kept across a timeout so a retry does not skip)."""
+        if rank not in self._next_calls:
+            self._next_calls[rank] = self._pool.actors[rank].next_batch.remote()
+        return self._next_calls[rank]
 
     async def _caught_up(self, rank: int, *, check_alive: bool = False) -> None:
         """Return once rank's actor is restored and has re-produced every pending step."""
@@ -487,9 +460,12 @@ def _merge_shards(spec: dict[str, Any], *batches: Any) -> Any:
     return merge_shard_batches(MergeSpec.from_json(spec), batches)
 
 
-def _check_checkpoint_structure(state: dict[str, Any]) -> None:
-    """Refuse a coordinator checkpoint whose parts are missing or of the wrong type (a clear
-    ``ValueError``, never a ``KeyError`` from deep inside the restore)."""
+def _check_checkpoint(state: Any, pool: RankPool, reweight: bool) -> None:
+    """Refuse a coordinator checkpoint of another format; one whose parts are missing or of the
+    wrong type (a clear ``ValueError``, never a ``KeyError`` from deep inside the restore); one of
+    another layout or loader identity. Nothing is changed; with ``reweight``, changed mixture
+    weights alone are accepted."""
+    open_envelope(state, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_FORMAT_VERSION, what="data coordinator")
     placement, ranks, step = state.get("placement"), state.get("ranks"), state.get("step")
     problems = []
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -503,6 +479,7 @@ def _check_checkpoint_structure(state: dict[str, Any]) -> None:
             "coordinator checkpoint is malformed: " + "; ".join(problems) + "; it was not written by "
             "save_checkpoint of this version, restore from another checkpoint"
         )
+    pool.check_checkpoint(placement["layout"], [saved.get("identity") for saved in ranks], reweight=reweight)
 
 
 def start_data_coordinator(

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.placement import (
@@ -43,12 +44,14 @@ from rl_data.distributed.placement import (
     create_rank_placement,
     remove_leftover_placement_group,
 )
-from rl_data.distributed.rank_actor import RankActor
+from rl_data.distributed.rank_actor import COMPLETION_KEY, RankActor, without_completion_key
 from rl_data.energon.identity import REWEIGHT_HINT, check_restorable
 from rl_data.fingerprint import differences
+logger = logging.getLogger(__name__)
+
 #: Seconds a rank has to answer a status call (``status``, a late rank's diagnosis).
 STATUS_TIMEOUT_S = 10.0
-#: Ray's switch for its "blocking ray.get inside async actor" warning (see :func:`quiet_threaded_get_warning`).
+#: Ray's switch for its "blocking ray.get inside async actor" warning (off in a pool's process).
 WARN_BLOCKING_GET_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
 
 
@@ -62,14 +65,6 @@ class RankFailedError(RuntimeError):
 
 class RestoreIncompleteError(RuntimeError):
     """The last checkpoint restore failed part way: steps (or prompt takes) are refused until a restore succeeds."""
-
-
-def quiet_threaded_get_warning() -> None:
-    """Turn off Ray's "blocking ray.get inside async actor" warning in this actor's process, unless
-    the user set ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC``: the pool's owners (coordinator, feed) call
-    ``ray.get`` only in worker threads, never on their event loop, and Ray warns regardless of the
-    thread. Ray Train's controller sets the same variable for the same reason."""
-    os.environ.setdefault(WARN_BLOCKING_GET_ENV, "0")
 
 
 def count_rank_death(restarts: list[int], rank: int, max_restarts: int, cause: BaseException, during: str = "") -> None:
@@ -194,6 +189,11 @@ class RankPool:
         bundle_of_rank: Optional[Sequence[int]] = None,
         deferred_states: bool = False,
     ) -> None:
+        # Ray's "blocking ray.get inside async actor" warning is wrong in this process: the pool
+        # (wait_all) and its owners (the feed's producers) call ray.get only in worker threads, never
+        # on the event loop, and Ray warns whatever the thread. Off unless the user set it, as Ray
+        # Train's controller does.
+        os.environ.setdefault(WARN_BLOCKING_GET_ENV, "0")
         self.config, self.owner = config, owner
         self._spec, self._deferred_states = spec, deferred_states
         if placement_group is None:
@@ -254,6 +254,40 @@ class RankPool:
         except RayTaskError as error:
             who = f"the {self.owner}" if rank is None else f"rank {rank}"
             raise RankFailedError(f"{who} failed while {doing}: {error.cause!r}") from None
+
+    async def wait_all(self, refs: Sequence[Any], timeout: float) -> Optional[list[Any]]:
+        """The values of small object refs through one batched ``ray.get`` in a thread (an asyncio
+        wait per ref, as :meth:`wait`, costs ~0.2 ms more per ref). None when any of them failed or
+        its actor died: wait for each with :meth:`wait` to learn which. Raises ``GetTimeoutError``
+        (a ``TimeoutError``) when they were not all ready within ``timeout``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, lambda: ray.get(list(refs), timeout=timeout))
+        except GetTimeoutError:
+            raise
+        except RayError:
+            return None
+
+    async def complete_states(self, states: Sequence[dict[str, Any]], of: str) -> tuple[list[dict[str, Any]], int]:
+        """``states`` (``of``: e.g. "step 7") with every deferred one completed by its rank, and how
+        many stayed as handed out: a rank that cannot (replaced since, or not answering within the
+        control timeout) leaves its state as it is (exact: a restore from it encodes more)."""
+        completed = list(states)
+        deferred = [rank for rank, state in enumerate(states) if COMPLETION_KEY in state]
+        calls = [self.actors[rank].complete_state.remote(states[rank]) for rank in deferred]
+        results = await asyncio.gather(
+            *(self.wait(call, rank, "completing its state for a checkpoint") for rank, call in zip(deferred, calls)),
+            return_exceptions=True,
+        )
+        kept = 0
+        for rank, result in zip(deferred, results):
+            if isinstance(result, BaseException):
+                logger.warning(
+                    "rank %d did not complete its state of %s (%s); the checkpoint keeps it as handed out "
+                    "(exact; its restore encodes the packing buffers' samples again)", rank, of, result,
+                )
+                result, kept = without_completion_key(states[rank]), kept + 1
+            completed[rank] = result
+        return completed, kept
 
     def replace(self, rank: int, cause: BaseException, during: str = "") -> Any:
         """Count the death of rank's actor (``during``: what it was doing) and start a fresh one in

@@ -77,7 +77,7 @@ from rl_data.distributed.checkpoint_files import (
     save_checkpoint_file,
 )
 from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig
-from rl_data.distributed.rank_pool import RankPool, holds_actor_name, quiet_threaded_get_warning, spawn_rank_actor
+from rl_data.distributed.rank_pool import RankPool, holds_actor_name, spawn_rank_actor
 from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
 from rl_data.prompt_feed.merge import Uid
@@ -161,7 +161,6 @@ class PromptFeed:
     ) -> None:
         check_prompt_spec(loader_spec)
         config = feed_runtime_config(config)
-        quiet_threaded_get_warning()  # the producers fetch with ray.get on the feed's worker thread
         self._config, self._feed_config = config, feed_config
         self._metrics = FeedMetrics(config.name)
         self._pool = RankPool(config, loader_spec, owner="feed", placement_group=placement_group, bundle_of_rank=bundle_of_rank)
