@@ -21,6 +21,8 @@ RUN_SLOW = "--run-slow"
 #: the short modules fill in at the end instead of one long module running alone.
 HEAVIEST_MODULES_FIRST = (
     "test_benchmarks_smoke.py",
+    "test_grpo_job_submit.py",
+    "test_job_submit_demo.py",
     "test_integration_ray_train.py",
     "test_integration_trl.py",
     "test_elastic_resume.py",
@@ -73,6 +75,20 @@ def tokenizer():
     from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
     return load_qwen3_tokenizer()
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An rl_data cache of this test's own (``RL_DATA_CACHE`` = ``tmp_path``) holding only a copy
+    of the built Qwen3 tokenizer folder: no fast-encode verdict, rank or fingerprint entry yet,
+    and no 4.5 CPU-s rebuild of the folder per test."""
+    import shutil
+
+    from rl_data.tokenization.tokenizer import build_qwen3_tokenizer
+
+    shutil.copytree(build_qwen3_tokenizer(), tmp_path / "tokenizers" / "qwen3")
+    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -69,6 +69,23 @@ def reference_states(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, st
     return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: loader.state_dict())
 
 
+def origin_checkpoint(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, like: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint a coordinator of ``config`` over ``spec`` starts from (its ``origin_state_dict()``)
+    without starting one: ``like`` (a checkpoint of a coordinator of ``config``: envelope, step 0,
+    placement, consumer layout) holding every rank's initial loader state, built here as its rank actor
+    builds it (the same states, tensor for tensor)."""
+    from rl_data.distributed.rank_actor import loader_builder
+
+    build, fingerprint, ranks = loader_builder(spec), placement_fingerprint(config_layout(config)), []
+    for rank in range(config.world_size):
+        loader = build(spec, tokenizer, logical_rank=rank, logical_world_size=config.world_size,
+                       placement_fingerprint=fingerprint)  # fmt: skip
+        ranks.append(loader.state_dict())
+        loader.close()
+    assert like["step"] == 0, f"like is the checkpoint of step {like['step']}, expected a step-0 one"
+    return {**like, "ranks": ranks}
+
+
 def _direct_run(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int, take: Any) -> list[list[Any]]:
     """``[step][rank] -> take(loader, batch)`` of an uninterrupted run of each rank's loader."""
     from rl_data.energon.sft_dataloader import build_energon_sft_loader
@@ -116,6 +133,52 @@ def running_coordinator(ray: Any, config: RuntimeConfig, spec: LoaderSpec, **kwa
         shut_down(ray, handle, config.name, config.namespace)
 
 
+class SharedCoordinator:
+    """A running coordinator that the tests of one module share (a module fixture) where their subject
+    is a live coordinator of its configuration: one start (~2 CPU-s, and ~3 CPU-s per Energon rank
+    actor) instead of one per test.
+
+    :meth:`reset`, at each test's start, rewinds it to :attr:`initial`, the checkpoint it started
+    from: step 0 committed and handed out, nothing pending, every rank at its start. What it counted
+    before goes on (``rewinds``, ``restarts``): a test compares those with their value at its start.
+    Its origin (``origin_state_dict``) is not reset; a test of the origin starts its own coordinator.
+    A coordinator that does not come back (a failed test left a restore in flight) is replaced.
+    """
+
+    def __init__(self, ray: Any, config: RuntimeConfig, spec: LoaderSpec) -> None:
+        self.ray, self.config, self.spec = ray, config, spec
+        self._start()
+
+    def _start(self) -> None:
+        from rl_data.distributed.coordinator import start_data_coordinator
+
+        self.handle = start_data_coordinator(self.config, self.spec)
+        self.initial = self.ray.get(self.handle.origin_state_dict.remote(), timeout=TIMEOUT_S)
+
+    def reset(self) -> Any:
+        """The coordinator's handle, restored to :attr:`initial` (after steps: a rewind; right after
+        another restore: new loaders, as a loader restores once)."""
+        try:
+            self.ray.get(self.handle.load_state_dict.remote(self.initial), timeout=TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - whatever a failed test left: a new coordinator
+            self.close()
+            self._start()
+        return self.handle
+
+    def close(self) -> None:
+        shut_down(self.ray, self.handle, self.config.name, self.config.namespace)
+
+
+def shared_train_coordinator(ray: Any, dataset: Any, name: str) -> Iterator[SharedCoordinator]:
+    """The body of a module fixture: a :class:`SharedCoordinator` of 2 ranks, prefetch depth 1, over
+    ``train_spec(dataset)``, for the tests whose subject is a live coordinator of that configuration."""
+    shared = SharedCoordinator(ray, runtime_config(2, 1, name=name), train_spec(dataset))
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
 def shut_down(ray: Any, handle: Any, name: str, namespace: str) -> None:
     """Shut a named coordinator or feed down (its rank actors, its placement group), kill it and
     wait until its name is free."""
@@ -152,3 +215,23 @@ def consume(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> l
         if commit:
             ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
     return consumed
+
+
+def synthetic_reference_stream(spec: LoaderSpec, config: RuntimeConfig, steps: int) -> list[list[list[str]]]:
+    """``[step][rank] -> source ids`` of an uninterrupted run of a synthetic task's loaders
+    (``rl_data.tasks.synthetic``: no tokenizer, no Energon), read directly; passes continued as a rank actor does."""
+    from rl_data.distributed.rank_actor import loader_builder
+    from rl_data.tasks.synthetic import load_stub_tokenizer
+
+    fingerprint = placement_fingerprint(config_layout(config))
+    per_rank = []
+    for rank in range(config.world_size):
+        loader = loader_builder(spec)(
+            spec, load_stub_tokenizer(), logical_rank=rank, logical_world_size=config.world_size,
+            placement_fingerprint=fingerprint,
+        )  # fmt: skip
+        batches: list[list[str]] = []
+        while len(batches) < steps:  # one pass per loop
+            batches += [list(batch["source_ids"]) for batch in loader]
+        per_rank.append(batches[:steps])
+    return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]

@@ -1,4 +1,4 @@
-"""A private Ray head for ``ray job submit`` tests (marked ``ray_head``), and job helpers.
+"""A private Ray head for ``ray job submit`` tests, and job helpers.
 
 The head runs as ``ray start --head --block`` on free ports in its own temp dir, with stdout
 in a log file (a full pipe would stall Ray), and is stopped by terminating that process (it

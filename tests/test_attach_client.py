@@ -1,4 +1,11 @@
-"""Attaching to a running coordinator from another driver (an RL loop) with ``attach``."""
+"""Attaching to a running coordinator from another driver (an RL loop) with ``attach``.
+
+The subject is the client (attach by name, timeouts, leaving prefetched steps), not what the loaders
+read, so every test runs on the synthetic task (:data:`SPEC`: the same coordinator and rank actors
+over loaders that import no torch, tokenizer or Energon, a fifth of an Energon rank's start; the
+reference is read from the same synthetic loaders). The tests that need no coordinator of their own
+share one (:func:`shared_coordinator`), restored at each test's start to where it started.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +14,47 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from distributed_fixtures import (
     TIMEOUT_S,
+    SharedCoordinator,
     consume,
     ids_of,
-    reference_stream,
     running_coordinator,
     runtime_config,
-    train_spec,
+    synthetic_reference_stream,
     wait_for,
 )
 from rl_data.distributed import CoordinatorClient, CoordinatorNotFoundError, attach
+from rl_data.tasks.synthetic import synthetic_loader_spec
+
+#: 3 batches of 2 per pass (7 samples per rank, one dropped per pass): the tests' 6 steps cross pass ends.
+SPEC = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=8, name="attach-synthetic")
+#: The coordinator the tests without special needs share (2 ranks, prefetching 1 batch).
+SHARED_CONFIG = runtime_config(2, 1, name="attach_shared")
+
+
+@pytest.fixture(scope="module")
+def _shared(ray_session) -> Iterator[SharedCoordinator]:
+    shared = SharedCoordinator(ray_session, SHARED_CONFIG, SPEC)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def shared_coordinator(ray_session, _shared) -> Any:
+    """The module's running coordinator (:data:`SHARED_CONFIG`), restored to its start: step 0,
+    nothing handed out, pending or prefetched, as a fresh coordinator. No test kills its rank actors."""
+    coordinator = _shared.reset()
+    progress = ray_session.get(coordinator.progress.remote(), timeout=TIMEOUT_S)
+    assert (progress["committed_step"], progress["handed_step"]) == (0, 0)
+    return coordinator
+
 
 _RL_LOOP = textwrap.dedent(
     """
@@ -47,36 +80,37 @@ _RL_LOOP = textwrap.dedent(
 )
 
 
-def test_a_second_driver_attaches_by_name_pulls_and_commits_steps(ray_session, energon_dataset, tokenizer):
-    ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1, name="rl_loop_feed")
-    expected = reference_stream(spec, config, tokenizer, 3)
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert consume(ray, coordinator, 1) == expected[:1]
-        env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
-        result = subprocess.run(
-            [sys.executable, "-c", _RL_LOOP, ray.get_runtime_context().gcs_address, "rl_loop_feed", "rl_data_tests"],
-            capture_output=True, text=True, timeout=120, env=env,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
-        report = json.loads(line[len("RESULT "):])
-        assert report["steps"] == [[2, expected[1], "BatchedDataDict"], [3, expected[2], "BatchedDataDict"]]
-        assert report["committed"] == 3
-        assert report["missing"] == (
-            "no data coordinator named 'no_such_feed' in Ray namespace 'rl_data_tests'; start one with "
-            "rl_data.distributed.start_data_coordinator (RuntimeConfig.name/namespace must match) and "
-            "check that its job is still running"
-        )
-        # The first driver sees the steps the second one committed.
-        assert ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["step"] == 3
+@pytest.mark.timeout(180)
+def test_a_second_driver_attaches_by_name_pulls_and_commits_steps(ray_session, shared_coordinator):
+    ray, coordinator = ray_session, shared_coordinator
+    expected = synthetic_reference_stream(SPEC, SHARED_CONFIG, 3)
+    assert consume(ray, coordinator, 1) == expected[:1]
+    env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
+    result = subprocess.run(
+        [sys.executable, "-c", _RL_LOOP, ray.get_runtime_context().gcs_address, SHARED_CONFIG.name, "rl_data_tests"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
+    report = json.loads(line[len("RESULT "):])
+    assert report["steps"] == [[2, expected[1], "BatchedDataDict"], [3, expected[2], "BatchedDataDict"]]
+    assert report["committed"] == 3
+    assert report["missing"] == (
+        "no data coordinator named 'no_such_feed' in Ray namespace 'rl_data_tests'; start one with "
+        "rl_data.distributed.start_data_coordinator (RuntimeConfig.name/namespace must match) and "
+        "check that its job is still running"
+    )
+    # The first driver sees the steps the second one committed.
+    assert ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["step"] == 3
 
 
-def test_attach_in_a_connected_driver_wraps_the_named_handle(ray_session, energon_dataset, tokenizer, tmp_path):
+@pytest.mark.timeout(180)
+def test_attach_in_a_connected_driver_wraps_the_named_handle(ray_session, tmp_path):
+    """A coordinator of its own: once it is shut down, its name is not found."""
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(1, 0, name="local_feed")
-    expected = reference_stream(spec, config, tokenizer, 2)
-    with running_coordinator(ray, config, spec) as coordinator:
+    config = runtime_config(1, 0, name="local_feed")
+    expected = synthetic_reference_stream(SPEC, config, 2)
+    with running_coordinator(ray, config, SPEC) as coordinator:
         feed = attach("local_feed", "rl_data_tests", timeout_s=TIMEOUT_S)
         assert isinstance(feed, CoordinatorClient) and feed.handle._actor_id == coordinator._actor_id
         step, refs = feed.next_step()
@@ -93,15 +127,15 @@ def _handed_step(ray, coordinator) -> int:
 
 
 @pytest.mark.timeout(180)
-def test_a_next_step_that_timed_out_is_answered_with_the_same_step_when_repeated(ray_session, energon_dataset, tokenizer):
+def test_a_next_step_that_timed_out_is_answered_with_the_same_step_when_repeated(ray_session):
+    """A coordinator of its own: rank 1 takes 2.5 s a batch."""
     # Issue 12 item 4: the repeated call used to return step 2, and commit(2) covered step 1.
     from ray.exceptions import GetTimeoutError
 
     ray = ray_session
-    spec = train_spec(energon_dataset)
     config = runtime_config(2, 0, name="slow_feed", injected_delay_s={1: 2.5})
-    expected = reference_stream(spec, config, tokenizer, 2)
-    with running_coordinator(ray, config, spec) as coordinator:
+    expected = synthetic_reference_stream(SPEC, config, 2)
+    with running_coordinator(ray, config, SPEC) as coordinator:
         feed = attach("slow_feed", "rl_data_tests", timeout_s=1.0)
         with pytest.raises(GetTimeoutError):
             feed.next_step()
@@ -115,27 +149,30 @@ def test_a_next_step_that_timed_out_is_answered_with_the_same_step_when_repeated
 
 
 @pytest.mark.timeout(180)
-def test_after_leaving_prefetched_steps_early_next_step_returns_the_first_step_not_returned(ray_session, energon_dataset, tokenizer):
+def test_after_leaving_prefetched_steps_early_next_step_returns_the_first_step_not_returned(
+    ray_session, shared_coordinator
+):
     # Issue 12 item 4: next_step used to return step 6 here, and committing it covered 4 and 5.
-    ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1, name="closed_early")
-    expected = reference_stream(spec, config, tokenizer, 6)
-    with running_coordinator(ray, config, spec) as coordinator:
-        feed = attach("closed_early", "rl_data_tests", timeout_s=TIMEOUT_S)
-        with feed.prefetched_steps(transform=lambda batches: [list(b["source_ids"]) for b in batches]) as steps:
-            assert [next(steps) for _ in range(3)] == [(k + 1, expected[k]) for k in range(3)]
-            wait_for(lambda: _handed_step(ray, coordinator) >= 5, "the prefetcher to run two steps ahead")
-        step, refs = feed.next_step()
-        assert (step, ids_of(ray, refs)) == (4, expected[3])
-        feed.commit(step)
-        assert feed.pending_steps() == [5]
-        assert ids_of(ray, feed.redeliver(5)) == expected[4]  # fresh refs, the same batches
-        with pytest.raises(ValueError, match=r"cannot hand out step 4: step 4 is already committed; the pending steps are 5..5 and the next new step is 6; ask for one of those"):
-            ray.get(feed.handle.next_step.remote(expected_step=4), timeout=TIMEOUT_S)
-        with pytest.raises(ValueError, match=r"cannot hand out step 7: the pending steps are 5..5 and the next new step is 6"):
-            ray.get(feed.handle.next_step.remote(expected_step=7), timeout=TIMEOUT_S)
-        with pytest.raises(ValueError, match=r"cannot re-deliver step 6: the pending steps \(handed out, not committed\) are 5..5; ask next_step for a new step"):
-            feed.redeliver(6)
-        assert [ids_of(ray, feed.next_step()[1]) for _ in range(2)] == expected[4:6]
-        feed.commit(6)
-        assert feed.pending_steps() == []
+    ray, coordinator = ray_session, shared_coordinator
+    expected = synthetic_reference_stream(SPEC, SHARED_CONFIG, 6)
+    feed = attach(SHARED_CONFIG.name, "rl_data_tests", timeout_s=TIMEOUT_S)
+    with feed.prefetched_steps(transform=lambda batches: [list(b["source_ids"]) for b in batches]) as steps:
+        assert [next(steps) for _ in range(3)] == [(k + 1, expected[k]) for k in range(3)]
+        wait_for(lambda: _handed_step(ray, coordinator) >= 5, "the prefetcher to run two steps ahead")
+    step, refs = feed.next_step()
+    assert (step, ids_of(ray, refs)) == (4, expected[3])
+    feed.commit(step)
+    assert feed.pending_steps() == [5]
+    assert ids_of(ray, feed.redeliver(5)) == expected[4]  # fresh refs, the same batches
+    pending = r"the pending steps are 5..5 and the next new step is 6"
+    committed = rf"step 4 is already committed; {pending}; ask for one of those"
+    with pytest.raises(ValueError, match=rf"cannot hand out step 4: {committed}"):
+        ray.get(feed.handle.next_step.remote(expected_step=4), timeout=TIMEOUT_S)
+    with pytest.raises(ValueError, match=rf"cannot hand out step 7: {pending}"):
+        ray.get(feed.handle.next_step.remote(expected_step=7), timeout=TIMEOUT_S)
+    not_pending = r"the pending steps \(handed out, not committed\) are 5..5; ask next_step for a new step"
+    with pytest.raises(ValueError, match=rf"cannot re-deliver step 6: {not_pending}"):
+        feed.redeliver(6)
+    assert [ids_of(ray, feed.next_step()[1]) for _ in range(2)] == expected[4:6]
+    feed.commit(6)
+    assert feed.pending_steps() == []

@@ -1,4 +1,8 @@
-"""DataCoordinator: exactly-once checkpoints, refusals, a second driver, feeding training actors."""
+"""DataCoordinator: exactly-once checkpoints, refusals, a second driver, feeding training actors.
+
+The tests of a live coordinator of the default configuration share one (``coordinator``: rewound to
+step 0 at each test's start); the tests of the runtime alone run on the synthetic task (:data:`SYNTHETIC`).
+"""
 
 from __future__ import annotations
 
@@ -16,19 +20,38 @@ import torch
 from distributed_fixtures import (
     TIMEOUT_S,
     consume,
+    origin_checkpoint,
     reference_states,
     reference_stream,
     running_coordinator,
     runtime_config,
+    shared_train_coordinator,
+    synthetic_reference_stream,
     train_spec,
     wait_for,
 )
 from energon_fixtures import write_chat_dataset
 from restore_check import assert_resumes_from_every_state, record_steps
-from rl_data.distributed.checkpoint_files import CheckpointFileError, checkpoint_path
+from rl_data.distributed.checkpoint_files import CheckpointFileError, checkpoint_path, save_checkpoint_file
 from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, get_coordinator
 from rl_data.distributed.config import ParallelLayout
 from rl_data.distributed.rank_actor import COMPLETION_KEY
+from rl_data.tasks.synthetic import synthetic_loader_spec
+
+#: For the tests whose subject is the runtime itself, not Energon: rank actors that import no torch,
+#: tokenizer or Energon (~0.6 CPU-s to start instead of ~3.2); 3 batches of 2 per pass of 7 samples.
+SYNTHETIC = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=5, name="synthetic-coordinator")
+
+
+@pytest.fixture(scope="module")
+def shared_coordinator(ray_session, energon_dataset):
+    yield from shared_train_coordinator(ray_session, energon_dataset, "test_coordinator_shared")
+
+
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The shared coordinator rewound to its start: step 0, nothing pending (its rewinds and restarts go on)."""
+    return shared_coordinator.reset()
 
 
 @pytest.mark.parametrize("prefetch_depth,world_size,workers", [(0, 2, 0), (1, 3, 0), pytest.param(4, 4, 0, marks=pytest.mark.slow), (1, 2, 2)])
@@ -96,11 +119,11 @@ def test_a_packed_checkpoint_holds_complete_states_and_a_lost_rank_leaves_its_st
         assert ranks[1]["loader_state"].equal(full[3][1]["loader_state"])
         assert ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["states_saved_deferred"] == 1
         path = ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
-    saved = torch.load(path, weights_only=True)["content"]
-    assert not any(COMPLETION_KEY in state for state in saved["ranks"])
-    # a completion key in a loaded state (crafted: a checkpoint never holds one) is dropped
-    saved["ranks"][1] = {**saved["ranks"][1], COMPLETION_KEY: ["not", "a", "key"]}
-    with running_coordinator(ray, config, spec) as coordinator:
+        saved = torch.load(path, weights_only=True)["content"]
+        assert not any(COMPLETION_KEY in state for state in saved["ranks"])
+        # a completion key in a loaded state (crafted: a checkpoint never holds one) is dropped; the
+        # restore is a rewind, in which the lost rank 0 gets a new actor that loads its saved state
+        saved["ranks"][1] = {**saved["ranks"][1], COMPLETION_KEY: ["not", "a", "key"]}
         ray.get(coordinator.load_state_dict.remote(saved), timeout=TIMEOUT_S)
         assert not any(COMPLETION_KEY in state for state in ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)["ranks"])
         assert consume(ray, coordinator, 2) == expected[4:]
@@ -114,45 +137,51 @@ def _is_dead(ray, actor) -> bool:
     return False
 
 
-def test_commit_rules_and_checkpoint_content(ray_session, energon_dataset, tmp_path):
+def test_commit_rules_and_checkpoint_content(ray_session, coordinator):
     ray = ray_session
-    config = runtime_config(2, 2)
-    with running_coordinator(ray, config, train_spec(energon_dataset)) as coordinator:
-        initial = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
-        assert initial["step"] == 0 and initial["format"] == "rl_data.distributed.coordinator"
-        with pytest.raises(ValueError, match=r"cannot commit step 1: the last step handed out is 0; commit only steps returned by next_step"):
-            ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
-        assert [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)[0] for _ in range(3)] == [1, 2, 3]
-        ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)
-        ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)  # repeating the last commit is a no-op
-        with pytest.raises(ValueError, match=r"cannot commit step 1: step 2 is already committed"):
-            ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
-        state = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
-        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-        assert (status["handed_step"], status["committed_step"], status["restarts"]) == (3, 2, [0, 0])
-        assert state["step"] == 2 and state["placement"]["fingerprint"] == status["placement_fingerprint"]
-        assert state["placement"]["layout"]["logical_world_size"] == 2
-        for rank, rank_state in enumerate(state["ranks"]):
-            assert rank_state["backend"] == "energon" and rank_state["format_version"] == 2
-            assert rank_state["loader_state"].dtype == torch.uint8
-            assert rank_state["identity"]["topology"]["placement"] == status["placement_fingerprint"]
-            assert rank_state["identity"]["topology"]["logical_rank"] == rank
-        # next_step(commit=k): commit the trained step and take the next one in one round trip
-        assert ray.get(coordinator.next_step.remote(commit=3), timeout=TIMEOUT_S)[0] == 4
-        with pytest.raises(ValueError, match=r"cannot commit step 9: the last step handed out is 4; commit only steps returned by next_step"):
-            ray.get(coordinator.next_step.remote(commit=9), timeout=TIMEOUT_S)
-        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-        assert (status["handed_step"], status["committed_step"]) == (4, 3)  # the refused call handed out nothing
+    restarts = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["restarts"]
+    initial = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    assert initial["step"] == 0 and initial["format"] == "rl_data.distributed.coordinator"
+    with pytest.raises(
+        ValueError,
+        match=r"cannot commit step 1: the last step handed out is 0; commit only steps returned by next_step",
+    ):
+        ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
+    assert [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)[0] for _ in range(3)] == [1, 2, 3]
+    ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)
+    ray.get(coordinator.commit.remote(2), timeout=TIMEOUT_S)  # repeating the last commit is a no-op
+    with pytest.raises(ValueError, match=r"cannot commit step 1: step 2 is already committed"):
+        ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
+    state = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+    assert (status["handed_step"], status["committed_step"], status["restarts"]) == (3, 2, restarts)
+    assert state["step"] == 2 and state["placement"]["fingerprint"] == status["placement_fingerprint"]
+    assert state["placement"]["layout"]["logical_world_size"] == 2
+    for rank, rank_state in enumerate(state["ranks"]):
+        assert rank_state["backend"] == "energon" and rank_state["format_version"] == 2
+        assert rank_state["loader_state"].dtype == torch.uint8
+        assert rank_state["identity"]["topology"]["placement"] == status["placement_fingerprint"]
+        assert rank_state["identity"]["topology"]["logical_rank"] == rank
+    # next_step(commit=k): commit the trained step and take the next one in one round trip
+    assert ray.get(coordinator.next_step.remote(commit=3), timeout=TIMEOUT_S)[0] == 4
+    with pytest.raises(
+        ValueError,
+        match=r"cannot commit step 9: the last step handed out is 4; commit only steps returned by next_step",
+    ):
+        ray.get(coordinator.next_step.remote(commit=9), timeout=TIMEOUT_S)
+    status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+    assert (status["handed_step"], status["committed_step"]) == (4, 3)  # the refused call handed out nothing
 
 
 @pytest.fixture(scope="module")
-def saved_checkpoint(ray_session, energon_dataset, tmp_path_factory):
-    """A checkpoint after 2 committed steps of 2 ranks (default layout, ``energon_dataset``)."""
+def saved_checkpoint(ray_session, shared_coordinator, tmp_path_factory):
+    """A checkpoint after 2 committed steps of 2 ranks (default layout, ``energon_dataset``), saved
+    by the shared coordinator."""
     ray = ray_session
     directory = tmp_path_factory.mktemp("saved_checkpoint")
-    with running_coordinator(ray, runtime_config(2, 1), train_spec(energon_dataset)) as coordinator:
-        consume(ray, coordinator, 2)
-        ray.get(coordinator.save_checkpoint.remote(str(directory)), timeout=TIMEOUT_S)
+    coordinator = shared_coordinator.reset()
+    consume(ray, coordinator, 2)
+    ray.get(coordinator.save_checkpoint.remote(str(directory)), timeout=TIMEOUT_S)
     return directory
 
 
@@ -161,27 +190,33 @@ def other_dataset(tmp_path_factory, chat_conversations):
     return write_chat_dataset(tmp_path_factory.mktemp("other_chat"), chat_conversations[240:480], samples_per_shard=12)
 
 
-def test_a_second_restore_before_any_step_replaces_the_first(ray_session, energon_dataset, tokenizer, saved_checkpoint):
+def test_a_second_restore_before_any_step_replaces_the_first(
+    ray_session, shared_coordinator, coordinator, tokenizer, saved_checkpoint
+):
     # Issue 12 item 8: the second load used to be refused "after step 2 was handed out".
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
-    expected = reference_stream(spec, config, tokenizer, 4)
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
-        assert consume(ray, coordinator, 1) == expected[2:3]
-        later = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
-    with running_coordinator(ray, config, spec) as coordinator:
-        ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
-        assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
-        assert consume(ray, coordinator, 2) == expected[2:4]
-        # after steps were handed out, a restore is a rewind (test_coordinator_rewind.py)
-        ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
-        assert consume(ray, coordinator, 1) == expected[3:4]
+    expected = reference_stream(shared_coordinator.spec, shared_coordinator.config, tokenizer, 4)
+    # the coordinator was just restored (to step 0): this load is a second restore before any step
+    assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
+    assert consume(ray, coordinator, 1) == expected[2:3]
+    later = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
+    assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
+    assert consume(ray, coordinator, 2) == expected[2:4]
+    # back to the start before any step: new loaders (a restored Energon loader cannot go back to it)
+    assert ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S) == 2
+    ray.get(coordinator.load_state_dict.remote(shared_coordinator.initial), timeout=TIMEOUT_S)
+    assert consume(ray, coordinator, 1) == expected[:1]
+    # after steps were handed out, a restore is a rewind (test_coordinator_rewind.py)
+    ray.get(coordinator.load_state_dict.remote(later), timeout=TIMEOUT_S)
+    assert consume(ray, coordinator, 1) == expected[3:4]
 
 
-def test_checkpoint_of_another_number_of_logical_shards_is_refused_naming_what_restores(ray_session, energon_dataset, tokenizer, saved_checkpoint):
+def test_checkpoint_of_another_number_of_logical_shards_is_refused_naming_what_restores(ray_session, saved_checkpoint):
+    """The placement layout is checked before any rank state: a synthetic coordinator refuses the
+    Energon checkpoint of 2 shards for its 1, as an Energon one does."""
     ray = ray_session
-    spec = train_spec(energon_dataset)
+    spec = SYNTHETIC
     config = runtime_config(1, 1, parallel_layout=ParallelLayout(dp=1, tp=2))
     with running_coordinator(ray, config, spec) as coordinator:
         expected = (
@@ -192,31 +227,39 @@ def test_checkpoint_of_another_number_of_logical_shards_is_refused_naming_what_r
         with pytest.raises(ValueError) as caught:
             ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S)
         assert expected in str(caught.value)
-        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)  # nothing restored
+        assert consume(ray, coordinator, 1) == synthetic_reference_stream(spec, config, 1)  # nothing restored
 
 
-def test_checkpoint_of_another_dataset_or_damaged_or_missing_is_refused(ray_session, energon_dataset, other_dataset, tokenizer, saved_checkpoint, tmp_path):
+def test_checkpoint_of_another_dataset_or_damaged_or_missing_is_refused(
+    ray_session, shared_coordinator, coordinator, energon_dataset, other_dataset, tokenizer, saved_checkpoint, tmp_path
+):
     ray = ray_session
-    spec, config = train_spec(other_dataset), runtime_config(2, 1)
-    with running_coordinator(ray, config, spec) as coordinator:
-        with pytest.raises(ValueError) as caught:
-            ray.get(coordinator.load_checkpoint.remote(str(saved_checkpoint)), timeout=TIMEOUT_S)
-        old_uuid = (energon_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
-        new_uuid = (other_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
-        assert (
-            f"rank 0: Energon loader identity changed: dataset.index_uuid '{old_uuid}' -> '{new_uuid}'; "
-            f"source.path '{energon_dataset.path}' -> '{other_dataset.path}'"
-        ) in str(caught.value)
+    spec, config = shared_coordinator.spec, shared_coordinator.config
+    # the checkpoint a coordinator of this configuration over the other dataset starts from
+    other = origin_checkpoint(train_spec(other_dataset), config, tokenizer, like=shared_coordinator.initial)
+    save_checkpoint_file(checkpoint_path(tmp_path / "other"), other)
+    with pytest.raises(ValueError) as caught:
+        ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "other")), timeout=TIMEOUT_S)
+    old_uuid = (other_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
+    new_uuid = (energon_dataset.root / ".nv-meta" / "index.uuid").read_text().strip()
+    assert (
+        f"rank 0: Energon loader identity changed: dataset.index_uuid '{old_uuid}' -> '{new_uuid}'; "
+        f"source.path '{other_dataset.path}' -> '{energon_dataset.path}'"
+    ) in str(caught.value)
 
-        truncated = tmp_path / "truncated"
-        data = checkpoint_path(saved_checkpoint).read_bytes()
-        checkpoint_path(truncated).parent.mkdir()
-        checkpoint_path(truncated).write_bytes(data[: len(data) // 2])
-        with pytest.raises(CheckpointFileError, match=rf"checkpoint file {checkpoint_path(truncated)} \({len(data) // 2} bytes\) cannot be read, it is truncated or corrupt"):
-            ray.get(coordinator.load_checkpoint.remote(str(truncated)), timeout=TIMEOUT_S)
-        with pytest.raises(FileNotFoundError, match=rf"no rl_data checkpoint file at {tmp_path}/missing/rl_data_state\.pt"):
-            ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "missing")), timeout=TIMEOUT_S)
-        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)  # still fresh
+    truncated = tmp_path / "truncated"
+    data = checkpoint_path(saved_checkpoint).read_bytes()
+    checkpoint_path(truncated).parent.mkdir()
+    checkpoint_path(truncated).write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        CheckpointFileError,
+        match=rf"checkpoint file {checkpoint_path(truncated)} \({len(data) // 2} bytes\) cannot be read, "
+        r"it is truncated or corrupt",
+    ):
+        ray.get(coordinator.load_checkpoint.remote(str(truncated)), timeout=TIMEOUT_S)
+    with pytest.raises(FileNotFoundError, match=rf"no rl_data checkpoint file at {tmp_path}/missing/rl_data_state\.pt"):
+        ray.get(coordinator.load_checkpoint.remote(str(tmp_path / "missing")), timeout=TIMEOUT_S)
+    assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)  # still at its start
 
 
 _SECOND_DRIVER = textwrap.dedent(
@@ -238,10 +281,10 @@ _SECOND_DRIVER = textwrap.dedent(
 )
 
 
-def test_second_driver_finds_the_coordinator_by_name_and_consumes_steps(ray_session, energon_dataset, tokenizer):
+def test_second_driver_finds_the_coordinator_by_name_and_consumes_steps(ray_session):
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1, name="shared_feed")
-    expected = reference_stream(spec, config, tokenizer, 3)
+    spec, config = SYNTHETIC, runtime_config(2, 1, name="shared_feed")
+    expected = synthetic_reference_stream(spec, config, 3)
     with running_coordinator(ray, config, spec) as coordinator:
         assert consume(ray, coordinator, 1) == expected[:1]
         env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
@@ -306,7 +349,7 @@ def test_training_actors_receive_their_batch_by_ref_and_the_coordinator_stays_sm
             ray.kill(trainer)
 
 
-def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session, energon_dataset):
+def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session):
     from rl_data.distributed.coordinator import RankTimeoutError, start_data_coordinator
 
     config = runtime_config(2, 1, bundle_resources={"CPU": 100.0}, control_timeout_s=2.0, name="unplaceable")
@@ -314,7 +357,7 @@ def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session
         RankTimeoutError,
         match=r"the coordinator did not finish reserving the placement group \(bundles \[\{'CPU': 100\.0\}, \{'CPU': 100\.0\}\], PACK\) within 2 s; check that the cluster has these resources free",
     ):
-        start_data_coordinator(config, train_spec(energon_dataset))
+        start_data_coordinator(config, SYNTHETIC)
     deadline = time.monotonic() + 20  # the failed coordinator is killed (asynchronously)
     while time.monotonic() < deadline:
         try:
@@ -327,7 +370,7 @@ def test_unsatisfiable_placement_times_out_with_the_bundles_it_needs(ray_session
 
 
 @pytest.mark.timeout(180)
-def test_a_coordinator_killed_without_shutdown_leaves_no_placement_group_to_the_next_one(ray_session, energon_dataset, tokenizer):
+def test_a_coordinator_killed_without_shutdown_leaves_no_placement_group_to_the_next_one(ray_session):
     # Issue 12 item 6: the killed coordinator's group kept 3 of the session's 4 GPUs reserved,
     # and the next coordinator of that name timed out reserving its own.
     from ray._raylet import PlacementGroupID
@@ -337,7 +380,7 @@ def test_a_coordinator_killed_without_shutdown_leaves_no_placement_group_to_the_
     from rl_data.distributed.coordinator import start_data_coordinator
 
     ray = ray_session
-    spec = train_spec(energon_dataset)
+    spec = SYNTHETIC
     bundle = {"CPU": 0.25, "GPU": 3.0}
     config = runtime_config(1, 0, name="crashed_feed", bundle_resources=bundle, control_timeout_s=20)
 
@@ -351,7 +394,7 @@ def test_a_coordinator_killed_without_shutdown_leaves_no_placement_group_to_the_
         assert len(live_groups()) == 1  # Ray keeps it while this driver runs
         with running_coordinator(ray, config, spec) as coordinator:
             assert [g["name"] for g in live_groups().values()] == ["rl_data.coordinator:rl_data_tests/crashed_feed"]
-            assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 1)
+            assert consume(ray, coordinator, 1) == synthetic_reference_stream(spec, config, 1)
         assert live_groups() == {}
     finally:
         for group_id in live_groups():
@@ -366,9 +409,11 @@ def test_the_coordinator_module_imports_without_torch():
     assert result.stdout.strip() == "False"
 
 
-def test_a_checkpoint_with_the_version_1_layout_restores(ray_session, energon_dataset, tokenizer, saved_checkpoint, tmp_path):
+def test_a_checkpoint_with_the_version_1_layout_restores(
+    ray_session, shared_coordinator, coordinator, tokenizer, saved_checkpoint, tmp_path
+):
     """Checkpoints written before the consumer layout left the placement layout (version 1) still restore."""
-    from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file, save_checkpoint_file
+    from rl_data.distributed.checkpoint_files import load_checkpoint_file
     from rl_data.distributed.placement import placement_fingerprint, upgrade_layout_v1
     from rl_data.fingerprint import fingerprint
 
@@ -385,21 +430,21 @@ def test_a_checkpoint_with_the_version_1_layout_restores(ray_session, energon_da
     assert upgraded["placement"] == state["placement"] and upgraded["consumer_layout"] == state["consumer_layout"]
     assert [r["identity"] for r in upgraded["ranks"]] == [r["identity"] for r in state["ranks"]]
     save_checkpoint_file(checkpoint_path(tmp_path), legacy)
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
-        assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 3)[2:3]
+    spec, config = shared_coordinator.spec, shared_coordinator.config
+    assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
+    assert consume(ray, coordinator, 1) == reference_stream(spec, config, tokenizer, 3)[2:3]
 
 
-def test_a_checkpoint_written_by_the_previous_release_restores_and_continues_exactly(ray_session, energon_dataset, tokenizer):
+def test_a_checkpoint_written_by_the_previous_release_restores_and_continues_exactly(
+    ray_session, shared_coordinator, coordinator, tokenizer
+):
     """``tests/data/checkpoint_stop17`` was written by the code of commit 102a0f8 (version-1 placement
     layout, loader identities without task options) after 2 steps of 2 ranks over a byte-identical
     copy of ``energon_dataset``; the current code restores it and continues the same stream."""
     from pathlib import Path
 
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
-    with running_coordinator(ray, config, spec) as coordinator:
-        saved = str(Path(__file__).parent / "data" / "checkpoint_stop17")
-        assert ray.get(coordinator.load_checkpoint.remote(saved), timeout=TIMEOUT_S) == 2
-        assert consume(ray, coordinator, 2) == reference_stream(spec, config, tokenizer, 4)[2:4]
+    spec, config = shared_coordinator.spec, shared_coordinator.config
+    saved = str(Path(__file__).parent / "data" / "checkpoint_stop17")
+    assert ray.get(coordinator.load_checkpoint.remote(saved), timeout=TIMEOUT_S) == 2
+    assert consume(ray, coordinator, 2) == reference_stream(spec, config, tokenizer, 4)[2:4]

@@ -142,13 +142,12 @@ def test_a_tokenizer_with_merges_missing_uses_the_backend(tokenizer):
     assert fe.text_encoder(incomplete).kind == "backend"
 
 
-def test_the_verdict_is_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch):
+def test_the_verdict_is_kept_per_tokenizer_file(fresh_cache, monkeypatch):
     from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
-    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
-    loaded = load_qwen3_tokenizer()  # builds the folder in tmp_path: a cache of its own
+    loaded = load_qwen3_tokenizer()  # from a cache of its own
     assert fe.merges_match_ranks(loaded)
-    (entry,) = (tmp_path / fe._CACHE_FOLDER).iterdir()
+    (entry,) = (fresh_cache / fe._CACHE_FOLDER).iterdir()
     assert read_entry(entry) == "1"
     entry.write_text("0", encoding="ascii")  # the cache decides from now on ...
     assert not fe.merges_match_ranks(loaded)
@@ -156,15 +155,14 @@ def test_the_verdict_is_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch
     assert fe.merges_match_ranks(loaded) and read_entry(entry) == "1"
 
 
-def test_the_ranks_are_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch):
+def test_the_ranks_are_kept_per_tokenizer_file(fresh_cache, monkeypatch):
     from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
-    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
-    loaded = load_qwen3_tokenizer()  # builds the folder in tmp_path: a cache of its own
+    loaded = load_qwen3_tokenizer()  # from a cache of its own
     text = "Ranks kept on disk: ßé 東京 🙂 <think>x</think>\n\n  42"
     expected = _reference(loaded, text)
     assert fe._build(loaded).encode(text) == expected
-    (entry,) = (tmp_path / fe._RANKS_FOLDER).iterdir()
+    (entry,) = (fresh_cache / fe._RANKS_FOLDER).iterdir()
     ranks = fe.byte_level_ranks(loaded.backend_tokenizer.get_vocab(with_added_tokens=False))
     assert fe.ranks_from_entry(read_entry(entry)) == ranks
 
@@ -174,7 +172,7 @@ def test_the_ranks_are_kept_per_tokenizer_file(tokenizer, tmp_path, monkeypatch)
     monkeypatch.setattr(fe, "byte_level_ranks", not_again)
     assert fe._build(loaded).encode(text) == expected  # read from the entry
     monkeypatch.undo()
-    monkeypatch.setenv("RL_DATA_CACHE", str(tmp_path))
+    monkeypatch.setenv("RL_DATA_CACHE", str(fresh_cache))
     entry.write_text(read_entry(entry)[:-8], encoding="ascii")  # damaged: computed again, rewritten
     assert fe._build(loaded).encode(text) == expected
     assert fe.ranks_from_entry(read_entry(entry)) == ranks

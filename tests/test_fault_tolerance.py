@@ -1,11 +1,33 @@
-"""Faults: killed rank actors are replaced without changing the stream; stalls and repeated deaths fail clearly."""
+"""Faults: killed rank actors are replaced without changing the stream; stalls and repeated deaths fail clearly.
+
+Starting rank actors (torch, the tokenizer, Energon: ~3 CPU-s each) is most of this module's cost, so
+the tests whose subject is the coordinator itself (a stalled rank timing out, a rank dying more often
+than allowed, a failed restore refusing steps) run on the synthetic task (:data:`SYNTHETIC_SPEC`: the
+same coordinator, rank pool and rank actors over loaders that import no torch, tokenizer or Energon;
+their reference is read from the same synthetic loaders). The tests parametrized over Energon workers
+stay on Energon. A test that needs a fresh coordinator's restore after running steps rewinds its
+coordinator to its origin instead of starting a second one (:func:`_back_to_a_fresh_start`).
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, consume, reference_stream, running_coordinator, runtime_config, train_spec
+from distributed_fixtures import (
+    ENERGON_WORKERS_0_SLOW,
+    TIMEOUT_S,
+    consume,
+    reference_stream,
+    running_coordinator,
+    runtime_config,
+    synthetic_reference_stream,
+    train_spec,
+)
 from rl_data.distributed.coordinator import RankFailedError, RankTimeoutError
+from rl_data.tasks.synthetic import synthetic_loader_spec
+
+#: 3 batches of 2 per pass (7 samples per rank, one dropped per pass): a few steps cross a pass end.
+SYNTHETIC_SPEC = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=8, name="faults-synthetic")
 
 
 def _kill_rank(ray, coordinator, rank: int, namespace: str = "rl_data_tests") -> None:
@@ -15,6 +37,15 @@ def _kill_rank(ray, coordinator, rank: int, namespace: str = "rl_data_tests") ->
 
 def _ids(ray, refs):
     return [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)]
+
+
+def _back_to_a_fresh_start(ray, coordinator) -> None:
+    """Rewind ``coordinator`` to its origin: nothing pending or prefetched, every rank on a new loader
+    not yet iterated, as in a fresh coordinator. The next restore is then a fresh coordinator's (not a
+    rewind: ``rewinds`` stays 1), without starting a second coordinator and its rank actors."""
+    origin = ray.get(coordinator.origin_state_dict.remote(), timeout=TIMEOUT_S)
+    ray.get(coordinator.load_state_dict.remote(origin), timeout=TIMEOUT_S)
+    assert ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)["rewinds"] == 1
 
 
 @pytest.mark.timeout(300)
@@ -55,12 +86,15 @@ def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session
         assert [name.split(".", 2)[2] for name in status["rank_actor_names"]] == ["rank0.2", "rank1.1"]
 
 
-def test_stalled_rank_times_out_naming_it_and_a_retry_does_not_skip(ray_session, energon_dataset, tokenizer):
+@pytest.mark.timeout(180)
+def test_stalled_rank_times_out_naming_it_and_a_retry_does_not_skip(ray_session):
+    """On the synthetic task (the subject is the coordinator's step timeout and its kept requests);
+    on Energon, :func:`test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again`
+    retries timed-out steps."""
     ray = ray_session
-    spec = train_spec(energon_dataset)
     config = runtime_config(2, 0, step_timeout_s=2.0, injected_delay_s={1: 6.0})
-    expected = reference_stream(spec, config, tokenizer, 1)
-    with running_coordinator(ray, config, spec) as coordinator:
+    expected = synthetic_reference_stream(SYNTHETIC_SPEC, config, 1)
+    with running_coordinator(ray, config, SYNTHETIC_SPEC) as coordinator:
         with pytest.raises(  # the step's limit, not the last short wait that names the late rank
             RankTimeoutError,
             match=r"rank 1 did not finish producing the batch for step 1 within 2 s \(it has been producing batch 0 for [0-9.]+ s; produced 0 batches, 0 ready, pid \d+\); raise step_timeout_s",
@@ -76,11 +110,14 @@ def test_stalled_rank_times_out_naming_it_and_a_retry_does_not_skip(ray_session,
         assert (step, _ids(ray, refs)) == (1, expected[0])
 
 
-def test_a_rank_that_dies_more_often_than_allowed_fails_clearly(ray_session, energon_dataset):
+@pytest.mark.timeout(180)
+def test_a_rank_that_dies_more_often_than_allowed_fails_clearly(ray_session):
+    """On the synthetic task (the subject is the coordinator's count of rank deaths)."""
     ray = ray_session
     config = runtime_config(1, 1, max_rank_restarts=0)
-    with running_coordinator(ray, config, train_spec(energon_dataset)) as coordinator:
-        consume(ray, coordinator, 1)
+    expected = synthetic_reference_stream(SYNTHETIC_SPEC, config, 1)
+    with running_coordinator(ray, config, SYNTHETIC_SPEC) as coordinator:
+        assert consume(ray, coordinator, 1) == expected
         _kill_rank(ray, coordinator, 0)
         with pytest.raises(RankFailedError, match=r"rank 0 died 1 times, more than max_rank_restarts=0; last cause \(while serving steps\): "):
             ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
@@ -131,27 +168,28 @@ def test_a_rank_that_died_before_a_restore_is_replaced_and_restored(ray_session,
     spec, config = train_spec(energon_dataset, workers), runtime_config(3, 1)
     expected = reference_stream(spec, config, tokenizer, 5)
     with running_coordinator(ray, config, spec) as coordinator:
-        consume(ray, coordinator, 2)
+        assert consume(ray, coordinator, 2) == expected[:2]
         ray.get(coordinator.save_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S)
-    with running_coordinator(ray, config, spec) as coordinator:
+        _back_to_a_fresh_start(ray, coordinator)
         _kill_rank(ray, coordinator, 1)
         assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
         assert consume(ray, coordinator, 3) == expected[2:]
-        assert ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["restarts"] == [0, 1, 0]
+        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        assert (status["restarts"], status["rewinds"]) == ([0, 1, 0], 1)  # the checkpoint's restore was no rewind
 
 
 @pytest.mark.timeout(180)
-def test_a_failed_restore_refuses_every_step_until_a_restore_succeeds(ray_session, energon_dataset, tokenizer):
-    import torch
-
+def test_a_failed_restore_refuses_every_step_until_a_restore_succeeds(ray_session):
+    """On the synthetic task (the subject is the coordinator's all-or-nothing restore), its restores
+    those of a fresh coordinator (:func:`_back_to_a_fresh_start`)."""
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
-    expected = reference_stream(spec, config, tokenizer, 4)
-    with running_coordinator(ray, config, spec) as coordinator:
-        consume(ray, coordinator, 2)
+    config = runtime_config(2, 1)
+    expected = synthetic_reference_stream(SYNTHETIC_SPEC, config, 4)
+    with running_coordinator(ray, config, SYNTHETIC_SPEC) as coordinator:
+        assert consume(ray, coordinator, 2) == expected[:2]
         good = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
-    damaged = {**good, "ranks": [good["ranks"][0], {**good["ranks"][1], "loader_state": torch.zeros(3)}]}
-    with running_coordinator(ray, config, spec) as coordinator:
+        damaged = {**good, "ranks": [good["ranks"][0], {**good["ranks"][1], "position": "damaged"}]}
+        _back_to_a_fresh_start(ray, coordinator)
         # Rank 0 restores, rank 1 refuses its state: the coordinator is half restored.
         with pytest.raises(RankFailedError, match=r"rank 1 failed while restoring its checkpoint state: "):
             ray.get(coordinator.load_state_dict.remote(damaged), timeout=TIMEOUT_S)
@@ -170,3 +208,4 @@ def test_a_failed_restore_refuses_every_step_until_a_restore_succeeds(ray_sessio
             ray.get(coordinator.commit.remote(0), timeout=TIMEOUT_S)
         ray.get(coordinator.load_state_dict.remote(good), timeout=TIMEOUT_S)
         assert consume(ray, coordinator, 2) == expected[2:]
+        assert ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)["rewinds"] == 1  # the restores: no rewinds

@@ -8,7 +8,6 @@ import pytest
 from ray_head import local_ray_head, submit_job, wait_for_job
 
 
-@pytest.mark.ray_head
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ray_job_submit_runs_the_grpo_demo_through_its_chaos_and_it_passes(tmp_path):

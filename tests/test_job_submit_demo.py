@@ -9,7 +9,6 @@ import torch
 from ray_head import local_ray_head, submit_job, wait_for_job
 
 
-@pytest.mark.ray_head
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ray_job_submit_runs_the_main_job_and_it_proves_the_continuation(tmp_path):

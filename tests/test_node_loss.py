@@ -1,8 +1,8 @@
 """Node loss on a multi-node ``ray.cluster_utils.Cluster``: lost batches are re-delivered, and an
 unplaceable bundle is named.
 
-The driver connects to its own cluster, so these tests run in the ``ray_head`` pytest process
-(``pytest -m ray_head``), never next to the session-wide ``ray_session``.
+The driver connects to its own cluster, so these tests run in the ``own_cluster`` pytest process
+(``pytest -m own_cluster``), never next to the session-wide ``ray_session``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from distributed_fixtures import TIMEOUT_S, ids_of, reference_stream, runtime_co
 from rl_data.distributed import CoordinatorClient, DataCoordinator, RankTimeoutError
 from rl_data.distributed.placement import placement_group_name
 
-pytestmark = [pytest.mark.ray_head, pytest.mark.slow]
+pytestmark = [pytest.mark.own_cluster, pytest.mark.slow]
 
 #: Every worker node hosts one rank (STRICT_SPREAD bundles need this resource).
 NODE = {"num_cpus": 1, "resources": {"rank_slot": 1}, "object_store_memory": 80 * 1024 * 1024}
@@ -30,7 +30,7 @@ def cluster():
     from ray_head import private_ray_dir
 
     if ray.is_initialized():
-        pytest.fail("this driver is already connected to Ray: run node-loss tests alone with `pytest -m ray_head`")
+        pytest.fail("this driver is already connected to Ray: run node-loss tests alone with `pytest -m own_cluster`")
     temp_dir = private_ray_dir("cluster-")
     # Cluster writes the head's address to <default Ray temp dir>/ray_current_cluster whatever
     # temp_dir says; on a clean machine (the suite never uses /tmp/ray) that folder is missing.

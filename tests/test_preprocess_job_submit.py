@@ -15,7 +15,6 @@ from rl_data.preprocess.pipeline import load_dataset_info
 from rl_data.preprocess.transform import sample_key
 
 
-@pytest.mark.ray_head
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_job_submit_runs_the_job_end_to_end(tmp_path, chat_conversations):

@@ -4,16 +4,25 @@ Every test compares what the feed handed out with a reference read directly from
 loaders in the test process (no Ray): epoch e is pass e of every rank, merged item by item
 round-robin (:mod:`rl_data.prompt_feed.merge`), so uid ``(e, p)`` must carry reference key
 ``reference[e][p]``.
+
+Starting a rank actor (torch, the tokenizer, Energon) is most of this module's cost, so the tests
+whose subject is the feed runtime itself (holders, refused checkpoints and restores, killed rank
+actors, a detached feed) run on the synthetic task (:data:`SYNTHETIC_SPEC`: the same feed, ledger
+and rank actors over loaders that import no torch, tokenizer or Energon; their reference is read
+from the same synthetic loaders), and the tests that need no feed of their own share one per
+loader spec (:func:`shared_feed`), rewound at each test's start to its state before its first take.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,18 +31,19 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, runtime_config, shut_down
+from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, runtime_config, shut_down, wait_for
 from restore_check import assert_rewinds_at_every_step
 
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.placement import config_layout, placement_fingerprint
+from rl_data.distributed.rank_actor import loader_builder
 from rl_data.energon.dataset_writer import write_energon_dataset
 from rl_data.energon.sample_format import encode_sample
 from rl_data.preprocess.adapters import resolve_adapter
@@ -41,11 +51,18 @@ from rl_data.prompt_data import arithmetic_word_problems
 from rl_data.prompt_feed import Uid, UidStateError
 from rl_data.prompt_feed.client import attach_feed
 from rl_data.prompt_feed.feed import FeedConfig, check_prompt_spec, start_prompt_feed
+from rl_data.tasks.synthetic import STUB_TOKENIZER_PATH, load_stub_tokenizer, synthetic_loader_spec
 
 #: 40 prompts in 10 shards, all train; 2 ranks x 20 prompts, batches of 4: no partial batch,
 #: so every epoch holds all 40 prompts (in a new order).
 PROMPTS, WORLD, BATCH = 40, 2, 4
 NAMESPACE = "rl_data_feed_tests"
+#: The synthetic task in the same shape (2 ranks x 20 samples, batches of 4: 40 prompts an epoch),
+#: for the tests of the feed runtime: its rank actors start in a fifth of an Energon rank's time.
+SYNTHETIC_SPEC = synthetic_loader_spec(batch_size=BATCH, samples_per_rank=PROMPTS // WORLD, tokens_per_sample=16,
+                                       name="feed-synthetic")  # fmt: skip
+#: The window of the shared feeds (:func:`shared_feed`): room for what any of their tests holds.
+SHARED_WINDOW = FeedConfig(max_outstanding=60)
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +92,40 @@ def _config(world: int = WORLD, **overrides: Any) -> RuntimeConfig:
 
 
 @pytest.fixture(scope="module")
-def reference(prompt_root, tokenizer) -> list[list[str]]:
+def reference_of(tokenizer) -> Callable[[LoaderSpec], list[list[str]]]:
+    """``reference_of(spec)``: :func:`_reference` of ``spec``, read once per module."""
+    references: dict[str, list[list[str]]] = {}
+
+    def of(spec: LoaderSpec) -> list[list[str]]:
+        key = spec.model_dump_json()
+        if key not in references:
+            references[key] = _reference(spec, tokenizer)
+        return references[key]
+
+    return of
+
+
+@pytest.fixture(scope="module")
+def reference(prompt_root, reference_of) -> list[list[str]]:
     """``[epoch][position] -> key`` for 3 epochs of the 2-rank feed, read from the loaders directly."""
-    return _reference(_spec(prompt_root), tokenizer)
+    return reference_of(_spec(prompt_root))
+
+
+@pytest.fixture(scope="module")
+def synthetic_reference(reference_of) -> list[list[str]]:
+    """The same for a feed over :data:`SYNTHETIC_SPEC`."""
+    return reference_of(SYNTHETIC_SPEC)
 
 
 def _reference(spec: LoaderSpec, tokenizer: Any) -> list[list[str]]:
-    """``[epoch][position] -> key`` for 3 epochs of a 2-rank feed over ``spec``, read from the loaders directly."""
-    from rl_data.energon.sft_dataloader import build_energon_sft_loader
-
+    """``[epoch][position] -> key`` for 3 epochs of a 2-rank feed over ``spec``, read from the loaders
+    directly (built as a rank actor builds them: Energon's with ``tokenizer``, the synthetic task's with its stub)."""
     config = _config()
+    processor = load_stub_tokenizer() if spec.processor_factory == STUB_TOKENIZER_PATH else tokenizer
     passes = []
     for rank in range(WORLD):
-        loader = build_energon_sft_loader(
-            **spec.builder_kwargs(), processor=tokenizer, logical_rank=rank, logical_world_size=WORLD,
+        loader = loader_builder(spec)(
+            spec, processor, logical_rank=rank, logical_world_size=WORLD,
             placement_fingerprint=placement_fingerprint(config_layout(config)),
         )  # fmt: skip
         passes.append([[key for batch in loader for key in batch["source_ids"]] for _ in range(3)])
@@ -107,6 +144,52 @@ def running_feed(ray: Any, config: RuntimeConfig, spec: LoaderSpec, feed: FeedCo
         yield handle
     finally:
         shut_down(ray, handle, config.name, config.namespace)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedFeed:
+    """A running feed several tests use (:func:`shared_feed`) and its state before its first take."""
+
+    config: RuntimeConfig
+    handle: Any
+    fresh_state: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def shared_feed(ray_session) -> Iterator[Callable[[LoaderSpec], SharedFeed]]:
+    """``shared_feed(spec)``: the module's running feed over ``spec`` (window :data:`SHARED_WINDOW`,
+    started on first use, shut down after the module's last test), in its state before its first
+    take: nothing taken, resolved, held or released, as a fresh feed. Once used, it is rewound to
+    that state: the rank actors restore in place (far cheaper than starting a feed and its rank
+    actors); what a rewind keeps (the call totals, the rank actors, the metrics) is compared with its
+    value at the test's start. No test kills a shared feed's rank actors: their restarts stay 0. A
+    feed that does not come back (a failed test left it refusing takes: a failed restore) is replaced."""
+    feeds: dict[str, SharedFeed] = {}
+
+    def rewind(feed: SharedFeed) -> None:
+        """Restore ``feed`` to its state before its first take (each rank builds a new loader for it
+        when its loader was read or restored since: a loader restores once)."""
+        ray_session.get(feed.handle.load_state_dict.remote(feed.fresh_state), timeout=TIMEOUT_S)
+
+    def rewound(spec: LoaderSpec) -> SharedFeed:
+        key = spec.model_dump_json()
+        if key in feeds:
+            try:
+                rewind(feeds[key])
+            except Exception:  # noqa: BLE001 - whatever a failed test left: a new feed
+                feed = feeds.pop(key)
+                shut_down(ray_session, feed.handle, feed.config.name, feed.config.namespace)
+        if key not in feeds:
+            config = _config()
+            handle = start_prompt_feed(config, spec, SHARED_WINDOW)
+            feeds[key] = SharedFeed(config, handle, ray_session.get(handle.state_dict.remote(), timeout=TIMEOUT_S))
+        return feeds[key]
+
+    try:
+        yield rewound
+    finally:
+        for feed in feeds.values():
+            shut_down(ray_session, feed.handle, feed.config.name, feed.config.namespace)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -327,9 +410,13 @@ def test_a_restored_feed_hands_out_every_unresolved_prompt_again_in_uid_order(ra
 
 
 @pytest.mark.timeout(300)
-def test_killed_rank_actors_are_replaced_without_losing_or_repeating_a_prompt(ray_session, metrics_port, prompt_root, reference):
-    config = _config()
-    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=100)):
+def test_killed_rank_actors_are_replaced_without_losing_or_repeating_a_prompt(
+    ray_session, metrics_port, synthetic_reference
+):
+    """On the synthetic task (the subject is the feed's rank replacement, not the loader), in a feed
+    of its own: its rank deaths count against the feed's restart budget and its metrics."""
+    reference, config = synthetic_reference, _config()
+    with running_feed(ray_session, config, SYNTHETIC_SPEC, FeedConfig(max_outstanding=100)):
         rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
         keys = []
         for count, victim in ((7, 0), (13, 1), (30, None)):  # rank 0 between batches, rank 1 mid-batch
@@ -350,39 +437,43 @@ def test_killed_rank_actors_are_replaced_without_losing_or_repeating_a_prompt(ra
 
 
 @pytest.mark.timeout(300)
-def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_already_delivered(ray_session, prompt_root):
+def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_already_delivered(
+    ray_session, shared_feed, synthetic_reference
+):
     """Kept prompts stay outstanding, held by nobody: a restarted worker of the same name that dies
-    in turn releases only what it took itself."""
-    config = _config()
-    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)):
-        worker_a, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
-        worker_b, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-b")
-        a, b = worker_a.take(5), worker_b.take(3)
-        anonymous = ray_session.get(trainer.handle.take.remote(2), timeout=TIMEOUT_S)  # nobody's
-        assert worker_a.status()["outstanding_by_holder"] == {"worker-a": 5, "worker-b": 3}
-        trainer.ack([a[0].uid])  # resolved: not held any more
-        with pytest.raises(UidStateError) as twice:  # the ledger's error crosses Ray whole
-            trainer.ack([a[0].uid])
-        # (0, 0) is below the low-water mark now: the ledger keeps no per-uid state there
-        assert (twice.value.uid, twice.value.state) == (a[0].uid, "already resolved (acked or dropped)")
-        worker_a.release([a[1].uid])  # given back by the worker itself
-        delivered = [a[2].uid]  # its result reached the trainer, which will ack it
-        released = trainer.release_holder("worker-a", keep=delivered)
-        assert released == [a[3].uid, a[4].uid]
-        assert trainer.release_holder("worker-a", keep=delivered) == []  # nothing twice
-        status = worker_a.status()
-        assert (status["outstanding"], status["outstanding_by_holder"]) == (1 + 3 + 2, {"worker-b": 3})  # kept: nobody's
-        restarted, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
-        retaken = restarted.take(2)  # released prompts first, in uid order
-        assert [p.uid for p in retaken] == [a[1].uid, a[3].uid]
-        assert trainer.release_holder("worker-a") == [p.uid for p in retaken]  # not the kept one
-        again = worker_b.take(3)
-        assert [p.uid for p in again] == sorted([a[1].uid, a[3].uid, a[4].uid])
-        trainer.ack(delivered + [p.uid for p in b + again + anonymous])
-        status = worker_a.status()
-        assert status["outstanding"] == 0 and status["outstanding_by_holder"] == {}
-        with pytest.raises(Exception, match="take holder must be a non-empty string"):
-            ray_session.get(trainer.handle.take.remote(1, None, ""), timeout=TIMEOUT_S)
+    in turn releases only what it took itself. On the shared synthetic feed: holders are the feed's
+    bookkeeping, whatever its loaders read."""
+    config = shared_feed(SYNTHETIC_SPEC).config
+    worker_a, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+    worker_b, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-b")
+    a, b = worker_a.take(5), worker_b.take(3)
+    anonymous = ray_session.get(trainer.handle.take.remote(2), timeout=TIMEOUT_S)  # nobody's
+    assert [p.key for p in a + b + anonymous] == synthetic_reference[0][:10]
+    assert worker_a.status()["outstanding_by_holder"] == {"worker-a": 5, "worker-b": 3}
+    trainer.ack([a[0].uid])  # resolved: not held any more
+    with pytest.raises(UidStateError) as twice:  # the ledger's error crosses Ray whole
+        trainer.ack([a[0].uid])
+    # (0, 0) is below the low-water mark now: the ledger keeps no per-uid state there
+    assert (twice.value.uid, twice.value.state) == (a[0].uid, "already resolved (acked or dropped)")
+    worker_a.release([a[1].uid])  # given back by the worker itself
+    delivered = [a[2].uid]  # its result reached the trainer, which will ack it
+    released = trainer.release_holder("worker-a", keep=delivered)
+    assert released == [a[3].uid, a[4].uid]
+    assert trainer.release_holder("worker-a", keep=delivered) == []  # nothing twice
+    status = worker_a.status()
+    assert (status["outstanding"], status["outstanding_by_holder"]) == (1 + 3 + 2, {"worker-b": 3})  # kept: nobody's
+    restarted, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+    retaken = restarted.take(2)  # released prompts first, in uid order
+    assert [p.uid for p in retaken] == [a[1].uid, a[3].uid]
+    assert trainer.release_holder("worker-a") == [p.uid for p in retaken]  # not the kept one
+    again = worker_b.take(3)
+    assert [p.uid for p in again] == sorted([a[1].uid, a[3].uid, a[4].uid])
+    assert [p.key for p in retaken + again] == [synthetic_reference[0][p.uid.position] for p in retaken + again]
+    trainer.ack(delivered + [p.uid for p in b + again + anonymous])
+    status = worker_a.status()
+    assert status["outstanding"] == 0 and status["outstanding_by_holder"] == {}
+    with pytest.raises(Exception, match="take holder must be a non-empty string"):
+        ray_session.get(trainer.handle.take.remote(1, None, ""), timeout=TIMEOUT_S)
 
 
 # -- rewinding a live feed -------------------------------------------------------------------
@@ -390,162 +481,182 @@ def test_release_holder_gives_back_what_a_dead_worker_held_except_the_results_al
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
-def test_a_feed_rewound_to_the_checkpoint_after_every_window_hands_out_the_rest_exactly(ray_session, prompt_root, tokenizer, workers):
+def test_a_feed_rewound_to_the_checkpoint_after_every_window_hands_out_the_rest_exactly(
+    prompt_root, reference_of, shared_feed, workers
+):
     """The step oracle on the feed: a step takes 5 prompts and acks them; the live feed (a window
     outstanding, ranks prefetching) is rewound to the checkpoint after every step, across the epoch end."""
     spec = _spec(prompt_root, workers)
-    reference = _reference(spec, tokenizer)
+    reference = reference_of(spec)
     keys = [key for epoch in reference for key in epoch]
-    config = _config()
+    config = shared_feed(spec).config
     steps = (len(reference[0]) + 4) // 5 + 1  # past the end of epoch 0
-    with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=20)):
-        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+    rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
 
-        def take() -> list[str]:
-            prompts = rollout.take(5)
-            trainer.ack([p.uid for p in prompts])
-            return [p.key for p in prompts]
+    def take() -> list[str]:
+        prompts = rollout.take(5)
+        trainer.ack([p.uid for p in prompts])
+        return [p.key for p in prompts]
 
-        found = assert_rewinds_at_every_step(take, trainer.state_dict, trainer.load_state_dict, steps,
-                                             before_rewind=lambda: rollout.take(5))  # fmt: skip
+    found = assert_rewinds_at_every_step(take, trainer.state_dict, trainer.load_state_dict, steps,
+                                         before_rewind=lambda: rollout.take(5))  # fmt: skip
     assert [key for step in found for key in step] == keys[: 5 * steps]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
 def test_a_live_feed_rewinds_to_a_checkpoint_and_goes_on_as_a_fresh_restore_would(
-    ray_session, prompt_root, tokenizer, tmp_path, workers
+    prompt_root, reference_of, shared_feed, tmp_path, workers
 ):
     """Two rewinds (from a file, then from a state in memory, past an epoch end) of a feed with
     prompts outstanding, released and prefetched; the trainer's record of resolved prompts rolls
     back with each rewind, as it would with the model. Every prompt of two epochs ends up
-    resolved exactly once in the surviving record, with its reference key."""
+    resolved exactly once in the surviving record, with its reference key. (A shared feed: no
+    test kills its rank actors, so their restarts stay 0.)"""
     spec = _spec(prompt_root, workers)
-    reference = _reference(spec, tokenizer)
+    reference = reference_of(spec)
     keys = {Uid(e, p): key for e, epoch in enumerate(reference) for p, key in enumerate(epoch)}
     stream, size = sorted(keys), len(reference[0])
-    config = _config()
-    with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=60)):
-        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
-        kept: list[Uid] = []  # resolved in the surviving history
+    config = shared_feed(spec).config
+    rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+    kept: list[Uid] = []  # resolved in the surviving history
 
-        def take(n: int) -> list[Uid]:
-            prompts = rollout.take(n)
-            assert [p.key for p in prompts] == [keys[p.uid] for p in prompts]
-            return [p.uid for p in prompts]
+    def take(n: int) -> list[Uid]:
+        prompts = rollout.take(n)
+        assert [p.key for p in prompts] == [keys[p.uid] for p in prompts]
+        return [p.uid for p in prompts]
 
-        def ack(uids: list[Uid]) -> None:
-            trainer.ack(uids)
-            kept.extend(uids)
+    def ack(uids: list[Uid]) -> None:
+        trainer.ack(uids)
+        kept.extend(uids)
 
-        def unresolved(n: int) -> list[Uid]:
-            """The first ``n`` prompts a fresh feed restored from the rewind's checkpoint hands out."""
-            done = set(kept)
-            return [uid for uid in stream if uid not in done][:n]
+    def unresolved(n: int) -> list[Uid]:
+        """The first ``n`` prompts a fresh feed restored from the rewind's checkpoint hands out."""
+        done = set(kept)
+        return [uid for uid in stream if uid not in done][:n]
 
-        first = take(7)
-        ack(first[:4])
-        trainer.drop(first[4:5], "too_easy")
-        kept += first[4:5]
-        rollout.release(first[5:6])  # first[6] stays outstanding
-        trainer.save_checkpoint(str(tmp_path / "c1"))
-        at_c1 = len(kept)
-        later = take(10)
-        assert later == [first[5], *stream[7:16]]  # the released one first
-        ack(later + first[6:7])
-        out = take(5)  # outstanding at the rewind; the rank actors have prefetched more
-        rollout.release(out[:1])  # and one released, waiting
-        names, pids = rollout.status()["rank_actor_names"], [r["pid"] for r in rollout.status()["ranks"]]
+    first = take(7)
+    ack(first[:4])
+    trainer.drop(first[4:5], "too_easy")
+    kept += first[4:5]
+    rollout.release(first[5:6])  # first[6] stays outstanding
+    trainer.save_checkpoint(str(tmp_path / "c1"))
+    at_c1 = len(kept)
+    later = take(10)
+    assert later == [first[5], *stream[7:16]]  # the released one first
+    ack(later + first[6:7])
+    out = take(5)  # outstanding at the rewind; the rank actors have prefetched more
+    rollout.release(out[:1])  # and one released, waiting
+    names, pids = rollout.status()["rank_actor_names"], [r["pid"] for r in rollout.status()["ranks"]]
 
-        summary = trainer.load_checkpoint(str(tmp_path / "c1"))  # rewind 1, from a file
-        del kept[at_c1:]
-        status = rollout.status()
-        assert (status["outstanding"], status["outstanding_by_holder"], status["restarts"]) == (0, {}, [0, 0])
-        assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"too_easy": 1})
-        assert status["released_waiting"] == 0 and status["restore_failure"] is None
-        assert status["rank_actor_names"] == names and [r["pid"] for r in status["ranks"]] == pids  # rewound in place
-        with pytest.raises(UidStateError) as stale:  # handed out before the rewind, not since
-            trainer.ack([out[1]])
-        assert (stale.value.uid, stale.value.state) == (out[1], "not handed out yet")
-        with pytest.raises(UidStateError):
-            trainer.ack([first[6]])  # acked after the checkpoint: rolled back, not handed out since
+    summary = trainer.load_checkpoint(str(tmp_path / "c1"))  # rewind 1, from a file
+    del kept[at_c1:]
+    status = rollout.status()
+    assert (status["outstanding"], status["outstanding_by_holder"], status["restarts"]) == (0, {}, [0, 0])
+    assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"too_easy": 1})
+    assert status["released_waiting"] == 0 and status["restore_failure"] is None
+    assert status["rank_actor_names"] == names and [r["pid"] for r in status["ranks"]] == pids  # rewound in place
+    with pytest.raises(UidStateError) as stale:  # handed out before the rewind, not since
+        trainer.ack([out[1]])
+    assert (stale.value.uid, stale.value.state) == (out[1], "not handed out yet")
+    with pytest.raises(UidStateError):
+        trainer.ack([first[6]])  # acked after the checkpoint: rolled back, not handed out since
 
-        expected = unresolved(size + 3)  # through the epoch end, into epoch 1
-        second = take(size + 3)
-        assert second == expected and second[:2] == [first[5], first[6]] and second[-1].epoch == 1
-        ack(second[4:-3])
-        rollout.release(second[-1:])
-        c2 = trainer.state_dict()  # unresolved: second[:4] (epoch 0) and second[-3:] (epoch 1)
-        at_c2 = len(kept)
-        ack(second[:4] + second[-3:-1] + take(9))
-        names = rollout.status()["rank_actor_names"]
+    expected = unresolved(size + 3)  # through the epoch end, into epoch 1
+    second = take(size + 3)
+    assert second == expected and second[:2] == [first[5], first[6]] and second[-1].epoch == 1
+    ack(second[4:-3])
+    rollout.release(second[-1:])
+    c2 = trainer.state_dict()  # unresolved: second[:4] (epoch 0) and second[-3:] (epoch 1)
+    at_c2 = len(kept)
+    ack(second[:4] + second[-3:-1] + take(9))
+    names = rollout.status()["rank_actor_names"]
 
-        trainer.load_state_dict(c2)  # rewind 2, from a state in memory
-        del kept[at_c2:]
-        assert rollout.status()["rank_actor_names"] == names  # rewound in place, not replaced
-        rest = len(set(stream[: 2 * size]) - set(kept)) + 4  # the rest of epoch 1 and 4 prompts of epoch 2
-        expected = unresolved(rest)
-        third = take(rest)
-        assert third == expected and third[:7] == second[:4] + second[-3:]
-        ack(third)
+    trainer.load_state_dict(c2)  # rewind 2, from a state in memory
+    del kept[at_c2:]
+    assert rollout.status()["rank_actor_names"] == names  # rewound in place, not replaced
+    rest = len(set(stream[: 2 * size]) - set(kept)) + 4  # the rest of epoch 1 and 4 prompts of epoch 2
+    expected = unresolved(rest)
+    third = take(rest)
+    assert third == expected and third[:7] == second[:4] + second[-3:]
+    ack(third)
 
-        assert len(kept) == len(set(kept))  # nothing resolved twice
-        assert sorted(u for u in kept if u.epoch < 2) == stream[: 2 * size]  # nothing missing
-        epochs = rollout.status()["epochs"]
-        assert [(e["size"], e["resolved_exactly_once"]) for e in epochs[:2]] == [(size, True), (size, True)]
-        assert (epochs[0]["acked"], epochs[0]["dropped"], epochs[1]["acked"]) == (size - 1, {"too_easy": 1}, size)
-
-
-@pytest.mark.timeout(300)
-def test_a_refused_checkpoint_leaves_the_live_feed_serving_as_before(ray_session, prompt_root, reference):
-    config = _config()
-    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)):
-        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
-        taken = rollout.take(6)
-        trainer.ack([p.uid for p in taken[:3]])
-        good = trainer.state_dict()
-        before = rollout.status()
-        bad = {name: copy.deepcopy(good) for name in ("layout", "identity", "cursor", "offset")}
-        bad["layout"]["placement"]["layout"]["logical_world_size"] = 4
-        bad["identity"]["ledger"]["producers"][1]["loader"]["identity"]["batch_size"] = 8
-        bad["cursor"]["ledger"]["cursor"]["producer"] = 5
-        bad["offset"]["ledger"]["producers"][0]["offset"] = -1
-        for name, message in (
-            ("layout", r"Placement layout changed: logical_world_size 4 -> 2"),
-            ("identity", r"rank 1: Energon loader identity changed: batch_size 8 -> 4"),
-            ("cursor", r"merge cursor .* is invalid for 2 producer"),
-            ("offset", r"rank 0 producer state has offset -1 and pass 0, expected ints >= 0"),
-        ):
-            with pytest.raises(ValueError, match=message):
-                trainer.load_state_dict(bad[name])
-        after = rollout.status()
-        assert after["rank_actor_names"] == before["rank_actor_names"] and after["restore_failure"] is None
-        assert (after["outstanding"], after["outstanding_by_holder"], after["totals"]) == (
-            3, {"worker-a": 3}, before["totals"])
-        trainer.ack([p.uid for p in taken[3:]])  # the outstanding prompts are still the holder's
-        assert [p.key for p in rollout.take(4)] == reference[0][6:10]
+    assert len(kept) == len(set(kept))  # nothing resolved twice
+    assert sorted(u for u in kept if u.epoch < 2) == stream[: 2 * size]  # nothing missing
+    epochs = rollout.status()["epochs"]
+    assert [(e["size"], e["resolved_exactly_once"]) for e in epochs[:2]] == [(size, True), (size, True)]
+    assert (epochs[0]["acked"], epochs[0]["dropped"], epochs[1]["acked"]) == (size - 1, {"too_easy": 1}, size)
 
 
 @pytest.mark.timeout(300)
-def test_a_second_restore_while_one_is_in_flight_is_refused_not_queued(ray_session, prompt_root, reference, tmp_path):
-    config = _config()
-    with running_feed(ray_session, config, _spec(prompt_root), FeedConfig(max_outstanding=20)) as handle:
-        rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
-        trainer.ack([p.uid for p in rollout.take(2)])
-        trainer.save_checkpoint(str(tmp_path))
-        state = trainer.state_dict()
-        rollout.take(5)
-        first = handle.load_state_dict.remote(state)  # a rewind: replaces the rank actors (seconds)
+def test_a_refused_checkpoint_leaves_the_live_feed_serving_as_before(shared_feed, synthetic_reference):
+    """On the shared synthetic feed: the checks of a checkpoint (placement, loader identity, merge
+    cursor, producer states) are the feed's and its rank pool's, whatever the loaders read."""
+    config = shared_feed(SYNTHETIC_SPEC).config
+    rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S, holder="worker-a")
+    taken = rollout.take(6)
+    assert [p.key for p in taken] == synthetic_reference[0][:6]
+    trainer.ack([p.uid for p in taken[:3]])
+    good = trainer.state_dict()
+    before = rollout.status()
+    bad = {name: copy.deepcopy(good) for name in ("layout", "identity", "cursor", "offset")}
+    bad["layout"]["placement"]["layout"]["logical_world_size"] = 4
+    bad["identity"]["ledger"]["producers"][1]["loader"]["identity"]["batch_size"] = 8
+    bad["cursor"]["ledger"]["cursor"]["producer"] = 5
+    bad["offset"]["ledger"]["producers"][0]["offset"] = -1
+    for name, message in (
+        ("layout", r"Placement layout changed: logical_world_size 4 -> 2"),
+        ("identity", r"rank 1: Energon loader identity changed: batch_size 8 -> 4"),
+        ("cursor", r"merge cursor .* is invalid for 2 producer"),
+        ("offset", r"rank 0 producer state has offset -1 and pass 0, expected ints >= 0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            trainer.load_state_dict(bad[name])
+    after = rollout.status()
+    assert after["rank_actor_names"] == before["rank_actor_names"] and after["restore_failure"] is None
+    assert (after["outstanding"], after["outstanding_by_holder"], after["totals"]) == (
+        3, {"worker-a": 3}, before["totals"])
+    trainer.ack([p.uid for p in taken[3:]])  # the outstanding prompts are still the holder's
+    assert [p.key for p in rollout.take(4)] == synthetic_reference[0][6:10]
+
+
+@pytest.mark.timeout(300)
+def test_a_second_restore_while_one_is_in_flight_is_refused_not_queued(
+    ray_session, shared_feed, synthetic_reference, tmp_path
+):
+    """On the shared synthetic feed. Ray starts an async actor's calls in any order (its default
+    ``allow_out_of_order_execution``) and a rewind lasts milliseconds, so the first restore is held in
+    flight (rank 0's process stopped: the restore waits for it) and seen in flight in the feed's
+    status before the second and the third are sent."""
+    feed = shared_feed(SYNTHETIC_SPEC)
+    config, handle = feed.config, feed.handle
+    rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
+    trainer.ack([p.uid for p in rollout.take(2)])
+    trainer.save_checkpoint(str(tmp_path))
+    state = trainer.state_dict()
+    rollout.take(5)
+
+    def first_restore_in_flight() -> bool:
+        status = rollout.status()  # ~10 s: the stopped rank does not answer (no CPU meanwhile)
+        return status["restore_failure"] == "restoring a checkpoint did not finish"  # until the restore ends
+
+    rank_0 = next(rank["pid"] for rank in rollout.status()["ranks"] if rank["rank"] == 0)
+    os.kill(rank_0, signal.SIGSTOP)
+    try:
+        first = handle.load_state_dict.remote(state)  # a rewind: waits for rank 0
+        wait_for(first_restore_in_flight, "the first restore in flight")
         second = handle.load_state_dict.remote(state)
         third = handle.load_checkpoint.remote(str(tmp_path))
         for refused in (second, third):
             with pytest.raises(RuntimeError, match=r"refused: another restore of this feed is in flight"):
                 ray_session.get(refused, timeout=TIMEOUT_S)
-        ray_session.get(first, timeout=TIMEOUT_S)
-        names = rollout.status()["rank_actor_names"]
-        trainer.load_checkpoint(str(tmp_path))  # nothing taken since: as cheap as a fresh feed's restore
-        assert rollout.status()["rank_actor_names"] == names
-        assert [p.key for p in rollout.take(4)] == reference[0][2:6]
+    finally:
+        os.kill(rank_0, signal.SIGCONT)
+    ray_session.get(first, timeout=TIMEOUT_S)
+    names = rollout.status()["rank_actor_names"]
+    trainer.load_checkpoint(str(tmp_path))  # nothing taken since: as cheap as a fresh feed's restore
+    assert rollout.status()["rank_actor_names"] == names
+    assert [p.key for p in rollout.take(4)] == synthetic_reference[0][2:6]
 
 
 _DETACHED_STARTER = textwrap.dedent(
@@ -568,8 +679,9 @@ _DETACHED_STARTER = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, prompt_root, reference):
-    config, spec = _config(lifetime="detached"), _spec(prompt_root)
+def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, synthetic_reference):
+    """On the synthetic task: the subject is the feed actor's lifetime, not what its loaders read."""
+    config, spec, reference = _config(lifetime="detached"), SYNTHETIC_SPEC, synthetic_reference
     env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
     address = ray_session.get_runtime_context().gcs_address
     started = subprocess.run(

@@ -142,15 +142,24 @@ def test_deferred_states_are_completed_to_the_state_of_their_batch_while_the_ran
     restored.close(), expected.close()
 
 
-def test_depth_zero_produces_only_on_request_and_a_restore_after_start_rewinds(ray_session, spawn, energon_dataset):
+def test_depth_zero_produces_only_on_request_and_a_restore_after_start_rewinds(ray_session, spawn, energon_dataset, tokenizer):
     ray = ray_session
-    actor = spawn(train_spec(energon_dataset), prefetch_depth=0)
+    spec = train_spec(energon_dataset)
+    actor = spawn(spec, prefetch_depth=0)
     state = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
-    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)  # before start: into its loader
+    loader = build_loader(spec, tokenizer, logical_rank=0, **OF_2)
+    batches = iter(loader)
+    next(batches), next(batches)
+    after_two = loader.state_dict()
+    loader.close()
+    ray.get(actor.load_state_dict.remote(after_two), timeout=TIMEOUT_S)  # before start: into its loader
+    # a second restore before start: a new loader (a restored Energon loader cannot go back to its start)
+    ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)
     ray.get(actor.start.remote(), timeout=TIMEOUT_S)
     time.sleep(0.3)
     assert ray.get(actor.status.remote(), timeout=TIMEOUT_S)["produced"] == 0
     first = list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"])
+    assert first == _stream(spec, tokenizer, 1)[0]  # the initial state's first batch, not the third
     time.sleep(0.3)
     status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
     assert (status["produced"], status["ready"], status["handed_out"]) == (1, 0, 1)

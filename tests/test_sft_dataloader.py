@@ -158,9 +158,26 @@ def test_restore_into_an_iterated_loader_is_refused(energon_dataset, tokenizer):
     with pytest.raises(RuntimeError) as error:
         loader.load_state_dict(state)
     assert str(error.value) == (
-        "cannot restore an Energon loader whose iteration already started; build a fresh "
-        "loader with the same arguments and call load_state_dict before iter()"
+        "cannot restore an Energon loader that already started iterating; build a fresh "
+        "loader with the same arguments and call load_state_dict once, before iter()"
     )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_second_restore_is_refused_and_the_first_one_stands(energon_dataset, tokenizer, workers):
+    """Energon cannot take a restored loader back to its start (its initial state restores
+    nothing): restoring the initial state after a later one would go on after the later one."""
+    reference = make_loader(energon_dataset, tokenizer, workers=workers)
+    initial, batches = reference.state_dict(), iter(reference)
+    next(batches), next(batches)
+    after_two, third = reference.state_dict(), unpacked_view(next(batches))[0]
+    reference.close()
+    loader = make_loader(energon_dataset, tokenizer, workers=workers)
+    loader.load_state_dict(after_two)
+    with pytest.raises(RuntimeError, match=r"^cannot restore an Energon loader that was restored already; build a fresh "):
+        loader.load_state_dict(initial)
+    assert unpacked_view(next(iter(loader)))[0] == third  # untouched by the refused restore
+    loader.close()
 
 
 # --------------------------------------------------------------------------- refusals

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rl_data.tokenization import load_qwen3_tokenizer, tokenizer as tokenizer_module
+from rl_data.tokenization import load_qwen3_tokenizer
 from rl_data.tokenization.vocab_fingerprint import full_vocab_fingerprint, vocab_fingerprint
 
 
 @pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(tokenizer_module, "cache_root", lambda: tmp_path)
-    return tmp_path / "vocab_fingerprints"
+def cache(fresh_cache):
+    """The fingerprint folder of a cache of this test's own (the tokenizer folder copied in)."""
+    return fresh_cache / "vocab_fingerprints"
 
 
 def test_a_fresh_tokenizer_reads_the_fingerprint_from_disk(cache):

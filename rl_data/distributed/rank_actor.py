@@ -140,6 +140,7 @@ class RankActor:
             task=self._task,
         )
         self._loader = self._build_loader()
+        self._loader_restored = False  # a loader restores once: a second restore builds a new one
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rank{rank}-loader")
         self._iterator: Optional[Any] = None
         self._ready: collections.deque[_Produced] = collections.deque()
@@ -160,12 +161,14 @@ class RankActor:
 
     async def load_state_dict(self, state: dict[str, Any], reweight: bool = False) -> None:
         """Restore the loader from a format-2 state (``reweight``: see
-        ``EnergonSFTDataLoader.load_state_dict``): before the first batch into this loader, after
-        it a :meth:`rewind` (a new loader in this process)."""
-        if self._producer is not None:
+        ``EnergonSFTDataLoader.load_state_dict``): into this actor's loader while it is neither
+        started nor restored, else a :meth:`rewind` (a new loader in this process: a loader
+        restores once)."""
+        if self._producer is not None or self._loader_restored:
             await self.rewind(state, reweight)
             return
         self._loader.load_state_dict(state, reweight=reweight)
+        self._loader_restored = True
         self._handed_state = self._loader.state_dict() if reweight else without_completion_key(state)
 
     async def rewind(self, state: dict[str, Any], reweight: bool = False) -> None:
@@ -184,7 +187,7 @@ class RankActor:
         self._set_activity("rewinding: building a new loader")
         loader = await loop.run_in_executor(self._executor, self._build_loader)
         await loop.run_in_executor(self._executor, functools.partial(loader.load_state_dict, state, reweight=reweight))
-        old, self._loader = self._loader, loader
+        old, self._loader, self._loader_restored = self._loader, loader, True
         old.close()
         if self._changed is not None:
             async with self._changed:

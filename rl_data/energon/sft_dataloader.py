@@ -112,6 +112,7 @@ class EnergonSFTDataLoader:
         self._fingerprint = fingerprint(self._identity)
         self._resting_state: Any = None  # the state before the first batch
         self._iterated = False
+        self._restored = False
         self._closed = False
         self._energon_iterating = False
         self._batches = 0
@@ -306,16 +307,21 @@ class EnergonSFTDataLoader:
         return envelope(self.STATE_FORMAT, self.STATE_VERSION, fields, format_key="backend")
 
     def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> None:
-        """Restore a state saved by a loader with the same identity, before iterating.
+        """Restore a state saved by a loader with the same identity, once, before iterating.
 
         ``reweight``: a mixture whose member weights changed (and nothing else) continues with
         the new weights from each member's restored position, and the state's weight history
         records the change; without it such a state is refused like any other change.
+
+        A second restore is refused (the loader is left as the first one left it): Energon
+        cannot take a restored loader back to its start (an initial state restores nothing), so
+        it would go on after the first state. Build a fresh loader for each restore.
         """
-        if self._iterated:
+        if self._iterated or self._restored:
+            done = "already started iterating" if self._iterated else "was restored already"
             raise RuntimeError(
-                "cannot restore an Energon loader whose iteration already started; build a "
-                "fresh loader with the same arguments and call load_state_dict before iter()"
+                f"cannot restore an Energon loader that {done}; build a fresh loader with the "
+                "same arguments and call load_state_dict once, before iter()"
             )
         if not isinstance(state, Mapping):
             raise ValueError(f"loader state must be a mapping, got {type(state).__name__}")
@@ -347,6 +353,7 @@ class EnergonSFTDataLoader:
             self._loader.restore_state_rank(rank_state)
             self._resting_state = rank_state
         self._mixture = mixture
+        self._restored = True
 
     def _saved_mixture(self, value: Any, reweighted: list[str]) -> MixtureRecord | None:
         """The restored mixture record, with the new weights in its history when they changed."""
