@@ -167,8 +167,8 @@ class RankActor:
         if self._producer is not None or self._loader_restored:
             await self.rewind(state, reweight)
             return
+        self._loader_restored = True  # set first: after a restore that failed halfway, a new loader too
         self._loader.load_state_dict(state, reweight=reweight)
-        self._loader_restored = True
         self._handed_state = self._loader.state_dict() if reweight else without_completion_key(state)
 
     async def rewind(self, state: dict[str, Any], reweight: bool = False) -> None:

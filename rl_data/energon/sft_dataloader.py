@@ -347,13 +347,13 @@ class EnergonSFTDataLoader:
             )
         position = self._saved_position(state.get("position"))
         rank_state = decode_rank_state(payload.contiguous().numpy().tobytes())
+        self._restored = True  # from here on Energon changes: even a restore that fails halfway counts
         if self._stream is not None:
             self._stream.restore(rank_state, position)
         else:
             self._loader.restore_state_rank(rank_state)
             self._resting_state = rank_state
         self._mixture = mixture
-        self._restored = True
 
     def _saved_mixture(self, value: Any, reweighted: list[str]) -> MixtureRecord | None:
         """The restored mixture record, with the new weights in its history when they changed."""
