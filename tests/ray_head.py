@@ -2,8 +2,8 @@
 
 The head runs as ``ray start --head --block`` on free ports in its own temp dir, with stdout
 in a log file (a full pipe would stall Ray), and is stopped by terminating that process (it
-shuts down the processes it started), never by ``ray stop``, which would stop every Ray on
-the machine.
+shuts down the processes it started, without draining the node first), never by ``ray stop``,
+which would stop every Ray on the machine.
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ class RayHead:
 @contextlib.contextmanager
 def local_ray_head(log_dir: Path, num_cpus: int = 2) -> Iterator[RayHead]:
     """Start a head on free ports; yield its addresses; stop it by SIGTERM and remove its temp dir."""
-    env = client_env()
+    # on SIGTERM, stop at once: by default Ray first drains the node for up to 30 s, and after a
+    # job it waited out the full 30 s
+    env = {**client_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     gcs_port, dashboard_port, agent_port = free_port(), free_port(), free_port()
     temp_dir = private_ray_dir("head-")
     log = log_dir / "head.log"

@@ -1,23 +1,27 @@
 """``rl_data.distributed.preload``: Ray's idle workers import the loader stack before they accept work.
 
-Each case runs a driver of its own (a subprocess: the test session's Ray was started without the
-setting) on a private local Ray: with ``preload.SYSTEM_CONFIG`` a rank actor lands in a
-prestarted worker that had the stack imported before its constructor ran, and its coordinator
-hands out the same batches as a coordinator on cold workers.
+A driver of its own (a subprocess: the test session's Ray was started without the setting) runs a
+private local Ray with ``preload.SYSTEM_CONFIG``: a rank actor lands in a prestarted worker that
+had the stack imported before its constructor ran, and its coordinator hands out the batches the
+loaders give when read directly in the test process (no Ray), as every coordinator does. A worker
+of the test session's Ray (no preload) holds none of the stack before its constructor runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 
 import pytest
 
-from distributed_fixtures import train_spec
+from distributed_fixtures import TIMEOUT_S, reference_stream, train_spec
 from ray_head import private_ray_dir
+from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig
 
 STACK = ["torch", "megatron.energon", "transformers", "rl_data.energon.sft_dataloader", "rl_data.tasks.chat_sft"]
 
@@ -25,12 +29,12 @@ DRIVER = textwrap.dedent(
     """
     import json, sys, time
     import psutil, ray
-    from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig, start_data_coordinator
+    from rl_data.distributed import LoaderSpec, RuntimeConfig, start_data_coordinator
     from rl_data.distributed.preload import SYSTEM_CONFIG
 
-    preload, temp_dir, specs, stack = sys.argv[1] == "preload", sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    temp_dir, runs, stack = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=temp_dir, _system_config=SYSTEM_CONFIG if preload else {})
+             _temp_dir=temp_dir, _system_config=SYSTEM_CONFIG)
 
     def pool_is_quiet():  # this driver's raylet prestarted its 2 workers and they finished importing
         try:
@@ -44,11 +48,9 @@ DRIVER = textwrap.dedent(
         time.sleep(0.2)
     before = time.time()
     ids, rank_prestarted = [], []
-    for index, (spec_json, prefetch_depth) in enumerate(specs):  # the first gets the prestarted workers
-        config = RuntimeConfig(parallel_layout=ParallelLayout(dp=1), prefetch_depth=prefetch_depth,
-                               bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5, namespace="rl_data_tests",
-                               name=f"preload_test_{index}", step_timeout_s=60, control_timeout_s=60)
-        coordinator = start_data_coordinator(config, LoaderSpec.model_validate_json(spec_json))
+    for config_json, spec_json in runs:  # the first gets the prestarted workers
+        config, spec = RuntimeConfig.model_validate_json(config_json), LoaderSpec.model_validate_json(spec_json)
+        coordinator = start_data_coordinator(config, spec)
         for _ in range(6):  # past the 5-batch virtual epoch
             _, refs = ray.get(coordinator.next_step.remote(), timeout=60)
             ids.append(list(ray.get(refs[0], timeout=60)["source_ids"]))
@@ -73,11 +75,17 @@ DRIVER = textwrap.dedent(
 )
 
 
-def run_driver(preload: bool, specs: list[tuple[str, int]]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, "preload" if preload else "cold", private_ray_dir("preload-"), json.dumps(specs), json.dumps(STACK)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-    )
+def run_driver(runs: list[tuple[RuntimeConfig, LoaderSpec]]) -> dict:
+    """The driver's result for coordinators of ``(config, spec)`` run one after another."""
+    runs_json = json.dumps([(config.model_dump_json(), spec.model_dump_json()) for config, spec in runs])
+    temp_dir = private_ray_dir("preload-")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, temp_dir, runs_json, json.dumps(STACK)],
+            capture_output=True, text=True, timeout=180, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -86,30 +94,55 @@ def packed_spec(dataset, energon: dict):
     return train_spec(dataset, data_config={"energon": energon, "shuffle": True}, packing_algorithm="first_fit_decreasing")
 
 
+def coordinator_config(index: int, prefetch_depth: int) -> RuntimeConfig:
+    return RuntimeConfig(parallel_layout=ParallelLayout(dp=1), prefetch_depth=prefetch_depth,
+                         bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5, namespace="rl_data_tests",
+                         name=f"preload_test_{index}", step_timeout_s=TIMEOUT_S,
+                         control_timeout_s=TIMEOUT_S)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def runs(energon_dataset) -> dict[bool, dict]:
-    """Each driver: 0 Energon workers unpacked without prefetch, then 2 workers packed with prefetch 2."""
+def runs(energon_dataset) -> list[tuple[RuntimeConfig, LoaderSpec]]:
+    """0 Energon workers unpacked without prefetch, then 2 workers packed with prefetch 2."""
     packed = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8, "num_workers": 2}
-    specs = [
-        (train_spec(energon_dataset).model_dump_json(), 0),
-        (packed_spec(energon_dataset, packed).model_dump_json(), 2),
-    ]
-    return {preload: run_driver(preload, specs) for preload in (False, True)}
+    return [(coordinator_config(0, 0), train_spec(energon_dataset)),
+            (coordinator_config(1, 2), packed_spec(energon_dataset, packed))]  # fmt: skip
 
 
-@pytest.mark.slow  # two private Ray sessions (~40 s); CI runs it
-@pytest.mark.timeout(420)  # the module fixture runs both drivers (at most 180 s each)
-def test_preloaded_workers_hold_the_loader_stack_before_any_actor_code_runs(runs):
-    assert runs[True]["loaded_before_constructor"] == STACK
-    assert runs[False]["loaded_before_constructor"] == []  # a Ray worker imports none of it itself
+@pytest.fixture(scope="module")
+def preloaded(runs) -> dict:
+    return run_driver(runs)
+
+
+@pytest.mark.slow  # a private Ray session (~20 s); CI runs it
+def test_preloaded_workers_hold_the_loader_stack_before_any_actor_code_runs(preloaded):
+    assert preloaded["loaded_before_constructor"] == STACK
+
+
+def test_a_worker_without_the_setting_imports_none_of_the_stack_itself(ray_session):
+    class Probe:  # defined here: pickled by value, so the worker imports no test module for it
+        def __init__(self, stack):
+            self.loaded = [name for name in stack if name in sys.modules]  # before anything ran here
+
+        def report(self):
+            return self.loaded
+
+    # an environment of its own: a new worker process, never one an earlier test's task ran in
+    fresh_worker = {"runtime_env": {"env_vars": {"RL_DATA_PROBE": uuid.uuid4().hex}}}
+    probe = ray_session.remote(num_cpus=0)(Probe).options(**fresh_worker).remote(STACK)
+    try:
+        assert ray_session.get(probe.report.remote(), timeout=TIMEOUT_S) == []
+    finally:
+        ray_session.kill(probe)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_a_rank_actor_lands_in_a_prestarted_worker_and_its_batches_do_not_change(runs):
-    assert runs[True]["rank_prestarted"]
-    assert runs[True]["ids"] == runs[False]["ids"]  # same sample ids, same order, in both settings
-    unpacked, packed = runs[True]["ids"][:6], runs[True]["ids"][6:]
+def test_a_rank_actor_lands_in_a_prestarted_worker_and_its_batches_do_not_change(runs, preloaded, tokenizer):
+    assert preloaded["rank_prestarted"]
+    # the loaders read directly here (no Ray): per run, per step the ids of the one rank
+    direct = [[ids for [ids] in reference_stream(spec, config, tokenizer, 6)] for config, spec in runs]
+    assert preloaded["ids"] == json.loads(json.dumps(direct[0] + direct[1]))  # same sample ids, same order
+    unpacked, packed = preloaded["ids"][:6], preloaded["ids"][6:]
     assert all(len(step) == 2 for step in unpacked) and len(packed) == 6 and all(packed)
 
 

@@ -216,7 +216,7 @@ def _scrape(port: int, name: str, **labels: str) -> float | None:
 
 
 def _wait_for_metrics(port: int, expected: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # one or two of Ray's 10 s metrics report intervals
     while True:
         observed = {key: _scrape(port, key[0], **dict(key[1])) for key in expected}
         if observed == expected or time.monotonic() > deadline:
