@@ -12,7 +12,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and print where the reports are."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small workload: checks the suite runs (~80 s), timings not meaningful")
+    parser.add_argument("--quick", action="store_true", help="small workload: checks the suite runs (~2.5 min), timings not meaningful")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument(
         "--only", metavar="GLOB", default=None,

@@ -39,7 +39,6 @@ from rl_data.tokenization import (
 )
 
 RAW_BATCH = 32
-CHAT_ROUNDS = 5
 TRUNCATION_ROUNDS = 2
 TRANSFER_BYTES = 32 * 2**20
 
@@ -54,22 +53,26 @@ def chat_formatting(settings: BenchSettings, tokenizer: Any) -> dict[str, Any]:
     every family.
     """
     convs = [c["messages"] for c in itertools.islice(conversations(settings.num_conversations, settings.seed), settings.micro_conversations)]
-    result = _formatting_figures(convs, tokenizer)
+    rounds = settings.chat_rounds
+    result = _formatting_figures(convs, tokenizer, rounds)
     families = {"chatml": {key: value for key, value in result.items() if key != "lengths"}}
     for family in TEMPLATE_FAMILIES:
         if family != "chatml":
-            figures = _formatting_figures(convs, tokenizer_with_template(tokenizer, family))
+            figures = _formatting_figures(convs, tokenizer_with_template(tokenizer, family), rounds)
             families[family] = {key: value for key, value in figures.items() if key != "lengths"}
     result["families"] = families
     result["reference_ids_identical"] = all(figures["reference_ids_identical"] for figures in families.values())
-    result["truncation"] = _truncation_figures(convs, tokenizer, settings.max_sequence_length)
+    truncation_rounds = min(rounds, TRUNCATION_ROUNDS)
+    result["truncation"] = _truncation_figures(convs, tokenizer, settings.max_sequence_length, truncation_rounds)
     return result
 
 
-def _truncation_figures(convs: list[list[dict]], tokenizer: Any, max_sequence_length: int) -> dict[str, Any]:
+def _truncation_figures(
+    convs: list[list[dict]], tokenizer: Any, max_sequence_length: int, rounds: int
+) -> dict[str, Any]:
     """``get_truncated_formatted_message_log`` against formatting then ``truncate_message_log``, CPU
-    seconds over the same conversations (best of ``TRUNCATION_ROUNDS`` alternating rounds); also
-    how many reach the limit and their share of the formatted tokens."""
+    seconds over the same conversations (best of ``rounds`` alternating rounds); also how many
+    reach the limit and their share of the formatted tokens."""
     lengths = [message_log_length(get_formatted_message_log(messages, tokenizer)) for messages in convs]
     over_long = [length for length in lengths if length >= max_sequence_length]
 
@@ -82,7 +85,7 @@ def _truncation_figures(convs: list[list[dict]], tokenizer: Any, max_sequence_le
             get_truncated_formatted_message_log(messages, tokenizer, max_sequence_length)
 
     composed_cpu_s = truncated_cpu_s = float("inf")
-    for _ in range(TRUNCATION_ROUNDS):
+    for _ in range(rounds):
         composed_cpu_s = min(composed_cpu_s, _timed_cpu(composed)[1])
         truncated_cpu_s = min(truncated_cpu_s, _timed_cpu(truncated)[1])
     return {
@@ -95,12 +98,12 @@ def _truncation_figures(convs: list[list[dict]], tokenizer: Any, max_sequence_le
     }
 
 
-def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, Any]:
+def _formatting_figures(convs: list[list[dict]], tokenizer: Any, rounds: int) -> dict[str, Any]:
     """Formatting vs raw encode of the same text for one tokenizer (see :func:`chat_formatting`).
 
     Formatting and raw encode are timed alike: each keeps only what it produces per
     conversation (formatting: the joined turn text and token count; raw: nothing), after a
-    ``gc.collect()``, best of ``CHAT_ROUNDS`` alternating rounds, so neither pays for garbage
+    ``gc.collect()``, best of ``rounds`` alternating rounds, so neither pays for garbage
     collections over the other's results or for a noisy moment.
     """
     subset = max(1, len(convs) // 10)
@@ -136,7 +139,7 @@ def _formatting_figures(convs: list[list[dict]], tokenizer: Any) -> dict[str, An
             encoder.encode(text)
 
     formatting_s = raw_s = backend_s = project_s = formatting_cpu_s = float("inf")
-    for _ in range(CHAT_ROUNDS):
+    for _ in range(rounds):
         wall, cpu = _timed_cpu(format_all)
         formatting_s, formatting_cpu_s = min(formatting_s, wall), min(formatting_cpu_s, cpu)
         raw_tokens, elapsed = _timed(encode_all)

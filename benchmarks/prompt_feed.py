@@ -1,9 +1,9 @@
 """``python -m benchmarks.prompt_feed [--quick] [--out DIR]``: the prompt feed next to a driver-side loader.
 
 Three parts, each with rl_data's :class:`~rl_data.prompt_feed.feed.PromptFeed` (2 rank actors
-of 0.5 CPU, calls through actor handles) beside a ``StatefulDataLoader`` over the same prompts
-in the driver (2 worker processes), as public RL frameworks feed their rollout workers
-(:mod:`benchmarks.prompt_sources`):
+of 0.5 CPU, ``--quick``: 1; calls through actor handles) beside a ``StatefulDataLoader`` over the
+same prompts in the driver (2 worker processes), as public RL frameworks feed their rollout
+workers (:mod:`benchmarks.prompt_sources`):
 
 1. **throughput**: 1, 4 and 16 concurrent callers (threads), each repeating ``take(k)`` then
    ``ack``: prompts/s over the run and ``take`` latency p50/p99 (the loader's callers share
@@ -34,9 +34,10 @@ from typing import Any
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 FULL = {"prompts": 10_240, "callers": (1, 4, 16), "per_caller_run": 2_000, "take": 4, "outstanding": 10_000,
-        "chaos_prompts": 256, "batch_size": 16, "scenario": {}}
+        "chaos_prompts": 256, "batch_size": 16, "feed_ranks": 2, "scenario": {}}
 QUICK = {"prompts": 512, "callers": (1, 4), "per_caller_run": 128, "take": 4, "outstanding": 300,
-         "chaos_prompts": 64, "batch_size": 8, "scenario": {"checkpoint_every": 2, "crash_after_steps": (3, 6)}}
+         "chaos_prompts": 64, "batch_size": 8, "feed_ranks": 1,
+         "scenario": {"checkpoint_every": 2, "crash_after_steps": (3, 6)}}
 TIMEOUT_S = 600.0
 
 
@@ -156,7 +157,7 @@ def chaos(samples: list[Any], dataset_path: str, tokenizer: Any, settings: dict[
     keys = [key for key, _ in samples]
     results = {"scenario": scenario.__dict__ | {"crash_after_steps": list(scenario.crash_after_steps)}, "prompts": len(keys)}
     feed = FeedSource(dataset_path, name="bench-feed-chaos", namespace="rl_data_bench", window=scenario.window,
-                      batch_size=settings["batch_size"], timeout_s=TIMEOUT_S)
+                      batch_size=settings["batch_size"], timeout_s=TIMEOUT_S, ranks=settings["feed_ranks"])
     try:
         run = run_scenario(feed, scenario, keys, str(work / "chaos-feed"))
     finally:
@@ -231,7 +232,7 @@ def run(*, quick: bool, out: Path, log: Any = print) -> dict[str, Any]:
             log(f"{len(samples)} prompts written at {dataset}")
             window = settings["outstanding"] + 64
             feed = FeedSource(dataset, name="bench-feed", namespace="rl_data_bench", window=window,
-                              batch_size=settings["batch_size"], timeout_s=TIMEOUT_S)
+                              batch_size=settings["batch_size"], timeout_s=TIMEOUT_S, ranks=settings["feed_ranks"])
             loader = LoaderSource(PromptDataset(samples, tokenizer), batch_size=settings["batch_size"], num_workers=2, seed=0)
             try:
                 results = {

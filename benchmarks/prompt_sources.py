@@ -1,7 +1,7 @@
 """The prompt sources the prompt-feed benchmarks compare, behind one small interface.
 
 * :class:`FeedSource`: rl_data's :class:`~rl_data.prompt_feed.feed.PromptFeed` (a named actor
-  over 2 rank actors), called through its clients;
+  over ``ranks`` rank actors of 0.5 CPU), called through its clients;
 * :class:`LoaderSource`: what public RL frameworks do: a ``torchdata`` ``StatefulDataLoader``
   over the same prompts in the driver, handing out the rows of its batches; a released prompt
   goes back to an in-memory retry queue; the checkpoint is the loader's ``state_dict`` at the
@@ -58,8 +58,10 @@ def write_prompt_dataset(root: Path, samples: list[tuple[str, dict[str, Any]]]) 
 class FeedSource:
     """rl_data's prompt feed (see the module doc); ``restart`` is a crash and a fresh feed."""
 
-    def __init__(self, dataset: str, *, name: str, namespace: str, window: int, batch_size: int, timeout_s: float) -> None:
-        self._dataset, self._name, self._namespace = dataset, name, namespace
+    def __init__(
+        self, dataset: str, *, name: str, namespace: str, window: int, batch_size: int, timeout_s: float, ranks: int
+    ) -> None:
+        self._dataset, self._name, self._namespace, self._ranks = dataset, name, namespace, ranks
         self._window, self._batch_size, self._timeout_s = window, batch_size, timeout_s
         self._start()
 
@@ -68,7 +70,7 @@ class FeedSource:
         from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
 
         config = RuntimeConfig(
-            parallel_layout=ParallelLayout(dp=2), bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5,
+            parallel_layout=ParallelLayout(dp=self._ranks), bundle_resources={"CPU": 0.5}, rank_actor_num_cpus=0.5,
             prefetch_depth=4, name=self._name, namespace=self._namespace,
             step_timeout_s=self._timeout_s, control_timeout_s=self._timeout_s,
         )  # fmt: skip

@@ -3,7 +3,7 @@
 Issue 37's scale curve. The real ``DataCoordinator``, ``RankPool``, ``RankActor``, checkpoint files
 and ``PromptFeed`` run over the synthetic task (:mod:`rl_data.tasks.synthetic`: no Energon, no
 tokenizer, no torch in the rank processes), so G = 128 rank actors fit on one small machine. Each
-G runs in its own private local Ray (fresh ``ray.init``):
+G runs in its own private local Ray (fresh ``ray.init``; ``--quick``: one Ray for every part):
 
 * **start-up**: ``start_data_coordinator`` until every rank's loader is ready;
 * **hand-out**: ``next_step(commit=k-1)`` round trips from the driver (a trainer's one call per
@@ -57,11 +57,12 @@ FULL = {
     "batch_size": 8, "tokens": 4096, "state_bytes": 40_000, "samples_per_rank": 4096, "rank_cpu": 1 / 32, "ray_cpus": 8,
     "callers": (1, 16, 64, 256), "takes_per_level": 1200, "take_n": 4, "caller_hosts": 4, "pace_s": 2.0, "paced_rounds": 5,
     "feed_ranks": 4, "prompt_tokens": 256, "feed_batch": 256, "outstanding": (1_000, 10_000, 100_000),
+    "idle_s": 3.0, "one_ray": False,
 }  # fmt: skip
 QUICK = {
-    **FULL, "shards": (2, 4), "steps": 4, "warmup": 1, "repeats": 1, "samples_per_rank": 256,
-    "callers": (1, 4), "takes_per_level": 40, "caller_hosts": 2, "pace_s": 0.2, "paced_rounds": 3, "feed_ranks": 2, "feed_batch": 64,
-    "outstanding": (200, 800),
+    **FULL, "shards": (1, 2), "steps": 4, "warmup": 1, "repeats": 1, "samples_per_rank": 256,
+    "callers": (1, 4), "takes_per_level": 40, "caller_hosts": 1, "pace_s": 0.2, "paced_rounds": 3, "feed_ranks": 2, "feed_batch": 64,
+    "outstanding": (200, 800), "idle_s": 1.0, "one_ray": True,
 }  # fmt: skip
 TIMEOUT_S = 900.0
 NAMESPACE = "rl_data_scale"
@@ -95,11 +96,15 @@ def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float]:
 
 @contextlib.contextmanager
 def private_ray(num_cpus: int, tmp: Path):
-    """A private local Ray for one measurement (its own session folder under ``tmp``); its workers
-    import ``benchmarks`` (the caller hosts) through the inherited ``PYTHONPATH``, not a runtime_env
-    (which would start every worker without a prestarted process)."""
+    """A private local Ray for one measurement (its own session folder under ``tmp``), or the one
+    already running (``one_ray``: every measurement in one); its workers import ``benchmarks`` (the
+    caller hosts) through the inherited ``PYTHONPATH``, not a runtime_env (which would start every
+    worker without a prestarted process)."""
     import ray
 
+    if ray.is_initialized():
+        yield ray
+        return
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              namespace=NAMESPACE, _temp_dir=tempfile.mkdtemp(prefix="ray_", dir=tmp))  # fmt: skip
@@ -161,7 +166,7 @@ def measure_handout(next_step: Any, coordinator_pid: int, rank_pids: list[int], 
     coordinator_cpu, ranks_cpu = cpu_seconds([coordinator_pid]) - cpu_before, cpu_seconds(rank_pids) - ranks_before
     time.sleep(train_s)  # the idle processes' own rate (metrics, Ray's threads), once the ranks refilled
     idle_before, ranks_idle_before, idle_started = cpu_seconds([coordinator_pid]), cpu_seconds(rank_pids), time.perf_counter()
-    time.sleep(3.0)
+    time.sleep(settings["idle_s"])
     idle_s = time.perf_counter() - idle_started
     idle_rate = (cpu_seconds([coordinator_pid]) - idle_before) / idle_s
     ranks_idle_rate = (cpu_seconds(rank_pids) - ranks_idle_before) / idle_s
@@ -549,10 +554,11 @@ def run(settings: dict[str, Any], out: Path, log: Any) -> dict[str, Path]:
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores",
                                "settings": settings, "load_start": load_average()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rl_data_scale_") as tmp:
-        results["shards"] = [measure_shards(world, settings, Path(tmp), log) for world in settings["shards"]]
-        log(f"coordinator part done (load {load_average()})")
-        results["feed_callers"] = measure_feed_callers(settings, Path(tmp), log)
-        results["feed_outstanding"] = measure_feed_outstanding(settings, Path(tmp), log)
+        with private_ray(settings["ray_cpus"], Path(tmp)) if settings["one_ray"] else contextlib.nullcontext():
+            results["shards"] = [measure_shards(world, settings, Path(tmp), log) for world in settings["shards"]]
+            log(f"coordinator part done (load {load_average()})")
+            results["feed_callers"] = measure_feed_callers(settings, Path(tmp), log)
+            results["feed_outstanding"] = measure_feed_outstanding(settings, Path(tmp), log)
     results["load_end"] = load_average()
     results["fits"] = fits(results)
     paths = {"json": out / "scale.json", "markdown": out / "scale.md", "plot": out / "scale.png"}
@@ -564,7 +570,7 @@ def run(settings: dict[str, Any], out: Path, log: Any) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="G = 2, 4 and 1, 4 callers: checks the benchmark runs, timings not meaningful")
+    parser.add_argument("--quick", action="store_true", help="G = 1, 2 and 1, 4 callers, one Ray: checks the benchmark runs, timings not meaningful")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--shards", type=int, nargs="+", default=None, help="logical shard counts (default 8 32 128)")
     args = parser.parse_args(argv)

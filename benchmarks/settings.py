@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -36,6 +38,8 @@ class BenchSettings(BaseModel):
     rank_counts: tuple[int, ...] = (1, 2, 4)
     #: Conversations used by the micro-benchmarks.
     micro_conversations: int = Field(default=2_000, ge=1)
+    #: Alternating rounds of the chat-formatting micro-benchmark, best kept (truncation: at most 2).
+    chat_rounds: int = Field(default=5, ge=1)
     #: Repetitions of the 32 MB object-store hop.
     transfer_repeats: int = Field(default=10, ge=1)
     #: Real batches per mode and alternating rounds of the worker-to-loader item micro-benchmark.
@@ -67,8 +71,9 @@ class BenchSettings(BaseModel):
     vlm_samples_per_run: int = Field(default=2_400, ge=1)
     vlm_worker_counts: tuple[int, ...] = (0, 2)
     #: First step from a fresh Ray session, cold / torch / loader stack preloaded
-    #: (``benchmarks/warm_start.py``): rank counts and interleaved repeats (0: not run).
+    #: (``benchmarks/warm_start.py``): rank counts, variants and interleaved repeats (0: not run).
     warm_start_rank_counts: tuple[int, ...] = (1, 2)
+    warm_start_variants: tuple[Literal["cold", "torch", "preload"], ...] = ("cold", "torch", "preload")
     warm_start_repeats: int = Field(default=2, ge=0)
     seed: int = 1234
     #: Seconds any single Ray call may take before the run fails.
@@ -76,7 +81,14 @@ class BenchSettings(BaseModel):
 
     @classmethod
     def quick(cls) -> "BenchSettings":
-        """A small run for the smoke test (well-formed outputs, not meaningful timings)."""
+        """A small run for the smoke test (well-formed outputs, not meaningful timings).
+
+        The full run's code paths, a path that several runs share once: one map actor /
+        DataLoader worker (``parallelism`` 1); the restore contender has 1 rank, so it is also the
+        worker sweep's b (``b_rl_data_1rank_w2``); VLM at 2 workers only (0 workers: the text
+        contenders' path); warm start with 2 ranks (the run's only multi-rank coordinator),
+        preloaded only (cold and torch-only differ by the module list).
+        """
         return cls(
             num_conversations=600,
             samples_per_shard=50,
@@ -86,9 +98,11 @@ class BenchSettings(BaseModel):
             samples_per_run=48,
             rounds=1,
             wait_steps=3,
+            parallelism=1,
             modes=("packed",),
             rank_counts=(1,),
             micro_conversations=60,
+            chat_rounds=1,
             transfer_repeats=2,
             worker_item_batches=4,
             worker_item_rounds=1,
@@ -97,7 +111,7 @@ class BenchSettings(BaseModel):
             ray_timeout_s=60.0,
             worker_counts=(2,),
             sweep_samples_per_run=48,
-            restore_ranks=2,
+            restore_ranks=1,
             restore_worker_counts=(2,),
             vlm_samples=64,
             vlm_image_size=224,
@@ -105,6 +119,8 @@ class BenchSettings(BaseModel):
             vlm_batch_size=4,
             vlm_max_sequence_length=512,
             vlm_samples_per_run=24,
-            warm_start_rank_counts=(1,),
+            vlm_worker_counts=(2,),
+            warm_start_rank_counts=(2,),
+            warm_start_variants=("preload",),
             warm_start_repeats=1,
         )

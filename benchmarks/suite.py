@@ -194,7 +194,7 @@ def _sweep_runs(workload: Any, vlm_workload: Any, settings: BenchSettings) -> li
                     functools.partial(run_in_fresh_process, "d", vlm_workload, settings, packing=False, workers=workers, restore=False),
                 )
             )
-    return runs
+    return list(dict(runs).items())  # a 1-rank restore contender is a sweep contender too: run once, with the restore
 
 
 def _keep_best(contenders: dict[str, Any], name: str, result: dict[str, Any]) -> None:

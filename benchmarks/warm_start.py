@@ -1,11 +1,12 @@
 """Time to the first step from a fresh Ray session: cold worker processes vs preloaded ones.
 
 ``python -m benchmarks.warm_start [--ranks 1 2] [--repeats 2] [--packed]`` (and the suite, before
-its own Ray session starts: ``warm_start_*`` settings) runs, per repeat and per variant, a new
-Python driver that starts a private local Ray (``num_cpus`` = the machine's cores), waits until the raylet's prestarted idle workers are up and quiet, then starts a data
-coordinator (contender b's loader arguments and CPU layout, no consumer actor) and times
-``start_data_coordinator`` + the first ``next_step`` + fetching its batches. Variants (Ray's
-``preload_python_modules``, see :mod:`rl_data.distributed.preload`):
+its own Ray session starts: ``warm_start_*`` settings) runs, per repeat and per variant of
+``warm_start_variants`` (all three by default), a new Python driver that starts a private local
+Ray (``num_cpus`` = the machine's cores), waits until the raylet's prestarted idle workers are up
+and quiet, then starts a data coordinator (contender b's loader arguments and CPU layout, no
+consumer actor) and times ``start_data_coordinator`` + the first ``next_step`` + fetching its
+batches. Variants (Ray's ``preload_python_modules``, see :mod:`rl_data.distributed.preload`):
 
 * ``cold``: nothing preloaded (a rank actor imports torch, Energon, transformers, rl_data);
 * ``torch``: torch preloaded: the footing of contender d, whose fresh process has imported
@@ -103,8 +104,8 @@ def measure(settings: Any, cache_dir: str | Path, packed: bool = False) -> dict[
         d = run_in_fresh_process("d", workload, d_settings, packing=packed, workers=2, restore=False)
         d_first.append(d["time_to_first_batch_s"])
         for ranks in settings.warm_start_rank_counts:
-            for variant, modules in VARIANTS.items():
-                result = _run_driver(settings_json, str(cache_dir), ranks, packed, modules)
+            for variant in settings.warm_start_variants:
+                result = _run_driver(settings_json, str(cache_dir), ranks, packed, VARIANTS[variant])
                 runs.setdefault(f"{ranks}/{variant}", []).append(result)
     d_median = statistics.median(d_first)
     rows = {}

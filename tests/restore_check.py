@@ -176,13 +176,14 @@ def assert_resumes_from_every_state(
     expected: Sequence[Any],
     *,
     before_restore: Callable[[], None] | None = None,
+    down_to: int = 0,
 ) -> None:
-    """For k = len(expected) - 1 .. 0, restore the live component to ``states[k]`` (the state after
-    k of the ``expected`` steps, saved by this component or by another one, e.g. a coordinator at
-    another DP size) and take the rest: every step's ids (``take()``) must equal ``expected[k:]``,
-    in order, none missing, none repeated. ``before_restore`` runs before each restore (e.g. to
-    leave a step pending)."""
-    for k in range(len(expected) - 1, -1, -1):
+    """For k = len(expected) - 1 .. ``down_to``, restore the live component to ``states[k]`` (the
+    state after k of the ``expected`` steps, saved by this component or by another one, e.g. a
+    coordinator at another DP size) and take the rest: every step's ids (``take()``) must equal
+    ``expected[k:]``, in order, none missing, none repeated. ``before_restore`` runs before each
+    restore (e.g. to leave a step pending)."""
+    for k in range(len(expected) - 1, down_to - 1, -1):
         if before_restore is not None:
             before_restore()
         restore(states[k])

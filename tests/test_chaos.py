@@ -1,10 +1,11 @@
-"""Seeded chaos: rank kills, client timeouts and whole-runtime crashes never lose, repeat or reorder a sample.
+"""Seeded chaos: rank kills, client timeouts, rewinds and whole-runtime crashes never lose, repeat or reorder a sample.
 
 A trainer loop takes steps through a ``CoordinatorClient`` (asking for the step it expects),
 commits every trained step and saves a checkpoint every ``CHECKPOINT_EVERY`` steps. At
 seeded points of the step cycle the test kills a rank actor, lets a next_step call time out
-on the client's side, or kills the coordinator (with its ranks) and restores the last
-checkpoint into a fresh one; the trainer then drops the steps it trained after that
+on the client's side, kills the coordinator (with its ranks) and restores the last checkpoint
+into a fresh one (a crash), or restores it into the live coordinator (a rewind: a framework
+restart that keeps the data runtime); the trainer then drops the steps it trained after that
 checkpoint, as it would when it restores its model checkpoint. The final record
 (step -> per-rank sample ids) must equal an uninterrupted run's.
 """
@@ -29,20 +30,22 @@ CHECKPOINT_EVERY = 3
 EPOCH_BATCHES = 3
 KILL_PHASES = ("before next_step", "after next_step, before fetch", "after fetch, before commit")
 RESTORE_PHASES = ("before next_step", "after fetch, before commit")
+#: How the last checkpoint is restored: into a fresh coordinator, or into the live one.
+RESTORES = ("crash", "rewind")
 
 
 def _fault_plan(rng: random.Random) -> dict[int, tuple[str, Any]]:
-    """step -> (fault, detail): 2 restores after the first checkpoint (one per phase), 3-4 rank
-    kills (every phase at least once), 1-2 client timeouts, at seeded steps and ranks.
+    """step -> (fault, detail): a crash and a rewind after the first checkpoint (one per phase),
+    3 rank kills (one per phase), 1-2 client timeouts, at seeded steps and ranks.
 
     Kills come before the last step, so the next next_step notices each one.
     """
     steps = list(range(1, STEPS))
     rng.shuffle(steps)
     restore_steps = [s for s in steps if s > CHECKPOINT_EVERY][:2]
-    plan: dict[int, tuple[str, Any]] = {s: ("restore", p) for s, p in zip(restore_steps, rng.sample(RESTORE_PHASES, 2))}
+    plan: dict[int, tuple[str, Any]] = dict(zip(restore_steps, zip(RESTORES, rng.sample(RESTORE_PHASES, 2))))
     free = [s for s in steps if s not in plan]
-    kill_phases = rng.sample(KILL_PHASES, 3) + [rng.choice(KILL_PHASES)] * rng.randrange(2)
+    kill_phases = rng.sample(KILL_PHASES, 3)
     for step, phase in zip(free, kill_phases):
         plan[step] = ("kill rank", (rng.randrange(2), phase))
     for step in free[len(kill_phases) : len(kill_phases) + rng.choice((1, 2))]:
@@ -72,12 +75,14 @@ class _Runtime:
         self.kills += 1
         return f"killed {name}"
 
-    def crash_and_restore(self, checkpoint_dir: str) -> int:
-        """Kill the coordinator (no shutdown: its ranks die with it), start a fresh one, load the checkpoint."""
-        self.ray.kill(self.handle, no_restart=True)
-        wait_until_name_is_free(self.config.name, self.config.namespace, TIMEOUT_S)
-        self.handle = start_data_coordinator(self.config, self.spec)
-        self.kills = 0
+    def restore(self, checkpoint_dir: str, how: str) -> int:
+        """Load the checkpoint: after a crash (kill the coordinator, no shutdown: its ranks die with
+        it; start a fresh one), or into the live coordinator (a rewind)."""
+        if how == "crash":
+            self.ray.kill(self.handle, no_restart=True)
+            wait_until_name_is_free(self.config.name, self.config.namespace, TIMEOUT_S)
+            self.handle = start_data_coordinator(self.config, self.spec)
+            self.kills = 0
         return self.ray.get(self.handle.load_checkpoint.remote(checkpoint_dir), timeout=TIMEOUT_S)
 
     def close(self) -> None:
@@ -128,8 +133,8 @@ def test_seeded_chaos_trains_every_step_exactly_once_after_the_checkpoint(
             if fault:
                 log.append(f"step {step}: {fault} {detail}")
 
-            if fault == "restore" and phase == "before next_step":
-                assert runtime.crash_and_restore(checkpoint_dir) == checkpoint_step
+            if fault in RESTORES and phase == "before next_step":
+                assert runtime.restore(checkpoint_dir, fault) == checkpoint_step
                 trained = {s: ids for s, ids in trained.items() if s <= checkpoint_step}
                 client = runtime.client()
                 assert client.expected_step() == checkpoint_step + 1
@@ -154,8 +159,8 @@ def test_seeded_chaos_trains_every_step_exactly_once_after_the_checkpoint(
             if fault == "kill rank" and phase == KILL_PHASES[2]:
                 log.append(f"step {step}: {runtime.kill_rank(rank)}")
 
-            if fault == "restore":  # trained, never committed: the crash loses it with the model
-                assert runtime.crash_and_restore(checkpoint_dir) == checkpoint_step
+            if fault in RESTORES:  # trained, never committed: the restart loses it with the model
+                assert runtime.restore(checkpoint_dir, fault) == checkpoint_step
                 trained = {s: ids for s, ids in trained.items() if s <= checkpoint_step}
                 client = runtime.client()
                 continue

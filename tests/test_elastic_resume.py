@@ -6,8 +6,9 @@ set of samples at every D, and the merged rows keep the order stated in shard_ma
 
 Each test passes checkpoints along a chain of coordinators, one per DP size: a coordinator
 restores the previous one's checkpoint of every step (the first restore into a fresh
-coordinator, then rewinds in place with a step pending), then records its own from the start
-for the next one. Rewinds cost a loader build per rank; rank actor start-ups cost the time.
+coordinator, then rewinds in place with a step pending; the last, of step 0, starts its own run,
+which records its checkpoints for the next one). Rewinds cost a loader build per rank; rank actor
+start-ups cost the time.
 """
 
 from __future__ import annotations
@@ -30,15 +31,23 @@ from restore_check import assert_resumes_from_every_state, record_steps
 from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.config import LoaderSpec, ParallelLayout
 
-STEPS = 6  # across the 5-batch virtual epoch boundary of train_spec
+#: Batches per virtual epoch: STEPS cross its boundary, and the checkpoint of step 2 lies on it.
+EPOCH_BATCHES = 2
+STEPS = 3
 PACKED = {"data_config": {"energon": {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 4},
                           "shuffle": True},
           "packing_algorithm": "first_fit_decreasing", "max_sequence_length": 1024, "sequence_length_pad_multiple": 8}
 
 
+def _spec(dataset: Any, **overrides: Any) -> LoaderSpec:
+    """``train_spec`` with virtual epochs of :data:`EPOCH_BATCHES` batches."""
+    source = {"path": dataset.path, "split": "train", "virtual_epoch_length": EPOCH_BATCHES}
+    return train_spec(dataset, source=source, **overrides)
+
+
 def _config(dp: int, shards: int):
-    """``shards`` shards of 1/8 CPU each (the session has 4 CPUs) fed to ``dp`` DP ranks; 8 rank
-    actors starting at once on 2 cores take ~30 s, so their timeouts are longer than the suite's."""
+    """``shards`` shards of 1/8 CPU each (the session has 4 CPUs) fed to ``dp`` DP ranks; rank actors
+    starting at once on 2 busy cores take ~30 s, so their timeouts are longer than the suite's."""
     return runtime_config(shards, 1, parallel_layout=ParallelLayout(dp=dp), logical_world_size=shards,
                           bundle_resources={"CPU": 0.125}, rank_actor_num_cpus=0.125,
                           control_timeout_s=3 * TIMEOUT_S, step_timeout_s=3 * TIMEOUT_S)
@@ -59,9 +68,10 @@ def _resume_then_record(
     *,
     after_first_step: Callable[[CoordinatorClient], None] | None = None,
 ) -> tuple[list, dict]:
-    """At DP size ``dp``: resume from every one of the checkpoints ``saved`` (at another DP size),
-    then run the ``reference`` steps from the start (``after_first_step(client)`` runs after the
-    first); every step must give ``reference`` merged at ``dp``. Returns this run's checkpoints
+    """At DP size ``dp``: resume from each of the checkpoints ``saved`` (at another DP size) of
+    steps ``STEPS - 1`` .. 1, then from that of step 0 (without ``saved``: from the start) run the
+    ``reference`` steps, recording this run's checkpoints (``after_first_step(client)`` runs after
+    the first step); every step must give ``reference`` merged at ``dp``. Returns those checkpoints
     (``[k]``: after k steps) and the coordinator's status."""
     expected = merged_by_dp(reference, dp)
     assert [_samples(step) for step in expected] == [_samples(step) for step in reference]  # the same global batches
@@ -80,8 +90,11 @@ def _resume_then_record(
             if handed_steps:
                 client.next_step()
 
-        if saved is not None:
-            assert_resumes_from_every_state(take, client.load_state_dict, saved, expected, before_restore=leave_a_step_pending)
+        if saved is not None:  # saved[k]: after k steps; k = 0 starts the recorded run
+            assert_resumes_from_every_state(
+                take, client.load_state_dict, saved, expected, before_restore=leave_a_step_pending, down_to=1
+            )
+            leave_a_step_pending()
             client.load_state_dict(saved[0])
 
         own_steps = []
@@ -115,26 +128,27 @@ def test_checkpoints_of_every_step_at_dp_4_restore_at_dp_1_with_a_rank_actor_kil
     """G = 4, unpacked: DP 4 -> DP 1, whose rank actor 3 is killed after the first step of its own
     run; no step loses or repeats a sample."""
     ray, shards = ray_session, 4
-    spec = train_spec(energon_dataset)
+    spec = _spec(energon_dataset)
     reference = reference_stream(spec, _config(shards, shards), tokenizer, STEPS)
-    seen = [i for step in reference for rank in step for i in rank]  # 6 batches of 2 of each shard's 48
+    seen = [i for step in reference for rank in step for i in rank]  # 3 batches of 2 of each shard's 48
     assert len(seen) == len(set(seen)) == STEPS * shards * 2
 
     saved, _ = _resume_then_record(ray, spec, 4, shards, reference, None)
     _, status = _resume_then_record(ray, spec, 1, shards, reference, saved, after_first_step=_kill_rank_actor(ray, 3))
     assert status["restarts"] == [0, 0, 0, 1]
-    assert status["rewinds"] == STEPS  # the first restore loads into a fresh coordinator
+    assert status["rewinds"] == STEPS - 1  # the first restore loads into a fresh coordinator
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_packed_checkpoints_of_every_step_restore_at_dp_4_2_8_of_8_shards(ray_session, energon_dataset, tokenizer):
-    """G = 8, packed (a batch lists each pack's samples): DP 4 -> DP 2 -> DP 8 (shard refs
-    handed out as they are)."""
-    ray, shards = ray_session, 8
-    spec = train_spec(energon_dataset, **PACKED)
+def test_packed_checkpoints_of_every_step_restore_at_dp_2_1_4_of_4_shards(ray_session, energon_dataset, tokenizer):
+    """G = 4, packed (a batch lists each pack's samples): DP 2 -> DP 1 -> DP 4 (shard refs
+    handed out as they are): 2, then 4, then 1 shard per DP rank, down then up (as G = 8 at DP
+    4 -> 2 -> 8, at half the rank actors)."""
+    ray, shards = ray_session, 4
+    spec = _spec(energon_dataset, **PACKED)
     reference = reference_stream(spec, _config(shards, shards), tokenizer, STEPS)
     saved = None
-    for dp in (4, 2, 8):
+    for dp in (2, 1, 4):
         saved, status = _resume_then_record(ray, spec, dp, shards, reference, saved)
         assert status["restarts"] == [0] * shards

@@ -5,8 +5,11 @@ the tests whose subject is the coordinator itself (a stalled rank timing out, a 
 than allowed, a failed restore refusing steps) run on the synthetic task (:data:`SYNTHETIC_SPEC`: the
 same coordinator, rank pool and rank actors over loaders that import no torch, tokenizer or Energon;
 their reference is read from the same synthetic loaders). The tests parametrized over Energon workers
-stay on Energon. A test that needs a fresh coordinator's restore after running steps rewinds its
-coordinator to its origin instead of starting a second one (:func:`_back_to_a_fresh_start`).
+stay on Energon; per number of workers they read one reference, and those whose subject is a live
+coordinator of 2 ranks share one (:func:`shared`, reset at each test's start: deaths and rewinds are
+counted from there). A test that needs a fresh coordinator's restore after running steps rewinds its
+coordinator to its origin instead of starting a second one; a new coordinator restoring a checkpoint
+is covered by ``test_coordinator.py`` (Energon workers 0 and 2) and ``test_chaos.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 from distributed_fixtures import (
     ENERGON_WORKERS_0_SLOW,
     TIMEOUT_S,
+    SharedCoordinator,
     consume,
     reference_stream,
     running_coordinator,
@@ -28,6 +32,32 @@ from rl_data.tasks.synthetic import synthetic_loader_spec
 
 #: 3 batches of 2 per pass (7 samples per rank, one dropped per pass): a few steps cross a pass end.
 SYNTHETIC_SPEC = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=8, name="faults-synthetic")
+#: Steps of the Energon reference: the longest test's, across the 5-batch virtual epoch boundary.
+REFERENCE_STEPS = 10
+
+
+@pytest.fixture(scope="module", params=ENERGON_WORKERS_0_SLOW)
+def workers(request):
+    """Energon loader workers of the Energon tests (pytest runs each value's tests together)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def expected(energon_dataset, tokenizer, workers):
+    """``[step][rank] -> source ids`` of an uninterrupted run of 2 ranks (any prefetch depth, delay or timeout)."""
+    return reference_stream(train_spec(energon_dataset, workers), runtime_config(2, 2), tokenizer, REFERENCE_STEPS)
+
+
+@pytest.fixture(scope="module")
+def shared(ray_session, energon_dataset, workers):
+    """A coordinator of 2 ranks, prefetch depth 2, for the tests whose subject is a live one (each
+    kill counts against ``max_rank_restarts``, over every test of this module)."""
+    config = runtime_config(2, 2, name=f"faults_shared_{workers}", max_rank_restarts=10)
+    coordinator = SharedCoordinator(ray_session, config, train_spec(energon_dataset, workers))
+    try:
+        yield coordinator
+    finally:
+        coordinator.close()
 
 
 def _kill_rank(ray, coordinator, rank: int, namespace: str = "rl_data_tests") -> None:
@@ -37,6 +67,15 @@ def _kill_rank(ray, coordinator, rank: int, namespace: str = "rl_data_tests") ->
 
 def _ids(ray, refs):
     return [list(b["source_ids"]) for b in ray.get(refs, timeout=TIMEOUT_S)]
+
+
+def _status(ray, coordinator) -> dict:
+    return ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+
+
+def _deaths_since(before: dict, status: dict) -> list[int]:
+    """Rank deaths per rank between two statuses of one coordinator."""
+    return [after - earlier for after, earlier in zip(status["restarts"], before["restarts"], strict=True)]
 
 
 def _back_to_a_fresh_start(ray, coordinator) -> None:
@@ -49,41 +88,41 @@ def _back_to_a_fresh_start(ray, coordinator) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
-def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session, energon_dataset, tokenizer, tmp_path, workers):
+def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session, shared, expected, tmp_path):
     ray = ray_session
-    spec, config = train_spec(energon_dataset, workers), runtime_config(2, 2)
-    expected = reference_stream(spec, config, tokenizer, 10)
-    with running_coordinator(ray, config, spec) as coordinator:
-        consumed = consume(ray, coordinator, 2)
+    coordinator = shared.reset()
+    before = _status(ray, coordinator)
+    consumed = consume(ray, coordinator, 2)
 
-        # Right after a checkpoint (rank 0 has prefetched batches in flight).
-        ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
-        _kill_rank(ray, coordinator, 0)
-        consumed += consume(ray, coordinator, 2)
+    # Right after a checkpoint (rank 0 has prefetched batches in flight).
+    ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
+    _kill_rank(ray, coordinator, 0)
+    consumed += consume(ray, coordinator, 2)
 
-        # With steps 5 and 6 handed out but not committed: the replacement of rank 1 re-produces
-        # them, and the batches the trainer already holds survive their producer's death.
-        held = [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S) for _ in range(2)]
-        _kill_rank(ray, coordinator, 1)
-        consumed += [_ids(ray, refs) for _, refs in held]
-        step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
-        assert [s for s, _ in held] + [step] == [5, 6, 7]
-        consumed.append(_ids(ray, refs))
-        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+    # With steps 5 and 6 handed out but not committed: the replacement of rank 1 re-produces
+    # them, and the batches the trainer already holds survive their producer's death.
+    held = [ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S) for _ in range(2)]
+    _kill_rank(ray, coordinator, 1)
+    consumed += [_ids(ray, refs) for _, refs in held]
+    step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+    assert [s for s, _ in held] + [step] == [5, 6, 7]
+    consumed.append(_ids(ray, refs))
+    ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
 
-        # While the batch for step 8 is being produced.
-        pending_step = coordinator.next_step.remote()
-        _kill_rank(ray, coordinator, 0)
-        step, refs = ray.get(pending_step, timeout=TIMEOUT_S)
-        consumed.append(_ids(ray, refs))
-        ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
-        consumed += consume(ray, coordinator, 2)
+    # While the batch for step 8 is being produced.
+    pending_step = coordinator.next_step.remote()
+    _kill_rank(ray, coordinator, 0)
+    step, refs = ray.get(pending_step, timeout=TIMEOUT_S)
+    consumed.append(_ids(ray, refs))
+    ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+    consumed += consume(ray, coordinator, 2)
 
-        assert consumed == expected
-        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-        assert (status["committed_step"], status["restarts"]) == (10, [2, 1])
-        assert [name.split(".", 2)[2] for name in status["rank_actor_names"]] == ["rank0.2", "rank1.1"]
+    assert consumed == expected
+    status = _status(ray, coordinator)
+    assert (status["committed_step"], _deaths_since(before, status)) == (10, [2, 1])
+    # every replacement has a name of its own: <coordinator>.<instance>.rank<r>.<deaths of rank r>
+    names = [name.split(".", 2)[2] for name in status["rank_actor_names"]]
+    assert names == [f"rank{r}.{deaths}" for r, deaths in enumerate(status["restarts"])]
 
 
 @pytest.mark.timeout(180)
@@ -134,15 +173,13 @@ def _next_step_retrying(ray, coordinator, tries: int = 30, **kwargs):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
-def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session, energon_dataset, tokenizer, workers):
+def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session, energon_dataset, workers, expected):
     # Issue 12 item 2: rank 1 needs 1.5 s a batch, the step timeout is 1 s. Killed with steps 2
     # and 3 pending, its replacement times out re-producing step 2; the retries must finish
     # the re-production (never hand out a batch of an actor that has not caught up).
     ray = ray_session
     spec = train_spec(energon_dataset, workers)
     config = runtime_config(2, 2, step_timeout_s=1.0, injected_delay_s={1: 1.5})
-    expected = reference_stream(spec, config, tokenizer, 6)
     with running_coordinator(ray, config, spec) as coordinator:
         taken = [_next_step_retrying(ray, coordinator) for _ in range(3)]
         ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
@@ -152,30 +189,29 @@ def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(r
         taken += [_next_step_retrying(ray, coordinator) for _ in range(3)]
         assert [step for step, _ in taken] == [1, 2, 3, 4, 5, 6]
         # Steps 2 and 3 were re-produced by the replacement: fresh refs, the same samples.
-        assert [_ids(ray, refs) for _, refs in taken] == expected
+        assert [_ids(ray, refs) for _, refs in taken] == expected[:6]
         redelivered = [ray.get(coordinator.redeliver.remote(step), timeout=TIMEOUT_S) for step in (2, 3)]
         assert [_ids(ray, refs) for refs in redelivered] == expected[1:3]
-        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+        status = _status(ray, coordinator)
         assert (status["restarts"], status["recovering_ranks"]) == ([0, 1], [])
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
-def test_a_rank_that_died_before_a_restore_is_replaced_and_restored(ray_session, energon_dataset, tokenizer, tmp_path, workers):
+def test_a_rank_that_died_before_a_restore_is_replaced_and_restored(ray_session, shared, expected, tmp_path):
     # Issue 12 item 3: the restore used to fail with a bare ActorDiedError, and the next steps
     # mixed restored ranks with a fresh one.
     ray = ray_session
-    spec, config = train_spec(energon_dataset, workers), runtime_config(3, 1)
-    expected = reference_stream(spec, config, tokenizer, 5)
-    with running_coordinator(ray, config, spec) as coordinator:
-        assert consume(ray, coordinator, 2) == expected[:2]
-        ray.get(coordinator.save_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S)
-        _back_to_a_fresh_start(ray, coordinator)
-        _kill_rank(ray, coordinator, 1)
-        assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
-        assert consume(ray, coordinator, 3) == expected[2:]
-        status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-        assert (status["restarts"], status["rewinds"]) == ([0, 1, 0], 1)  # the checkpoint's restore was no rewind
+    coordinator = shared.reset()
+    assert consume(ray, coordinator, 2) == expected[:2]
+    ray.get(coordinator.save_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S)
+    coordinator = shared.reset()  # back to its origin, nothing produced since: the next restore is a fresh coordinator's
+    before = _status(ray, coordinator)
+    _kill_rank(ray, coordinator, 1)
+    assert ray.get(coordinator.load_checkpoint.remote(str(tmp_path)), timeout=TIMEOUT_S) == 2
+    assert consume(ray, coordinator, 3) == expected[2:5]
+    status = _status(ray, coordinator)
+    assert _deaths_since(before, status) == [0, 1]
+    assert status["rewinds"] == before["rewinds"]  # the checkpoint's restore was no rewind
 
 
 @pytest.mark.timeout(180)

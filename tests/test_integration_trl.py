@@ -7,11 +7,16 @@ reward function logs every completion it scores (attempt, step, key); how many o
 trained each prompt in the surviving history (the steps up to the checkpoint a crashed run
 resumed from, then the resumed run's) is counted from that log and checked against the data,
 the checkpoint chain and the feed's ledger. TRL's own resume runs beside it on the same prompts.
+
+CPU: a GRPO step costs ~0.6 CPU-s (mostly the 151k-token vocabulary; one torch thread, completions
+of 4 tokens, hidden size 16), a feed start ~10 (its rank actors): the tests whose subject is not a
+fresh feed share one, rewound to its start where they count from there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import textwrap
 import uuid
@@ -105,11 +110,42 @@ def running_feed(ray: Any, spec: LoaderSpec, world: int = WORLD, max_outstanding
         shut_down(ray, handle, config.name, config.namespace)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread for this process's trainers: two threads only spin on this 2-core machine
+    shared with another test process (twice the CPU per step)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedFeed:
+    """The module's running feed over the prompts and its state before its first take."""
+
+    config: RuntimeConfig
+    handle: Any
+    fresh_state: dict[str, Any]
+
+    def rewound(self) -> Any:
+        """The handle, the feed rewound to its state before its first take (epoch 0, nothing taken
+        or held; its call totals go on); each rank builds a new loader for it."""
+        import ray
+
+        ray.get(self.handle.load_state_dict.remote(self.fresh_state), timeout=TIMEOUT_S)
+        return self.handle
+
+
 @pytest.fixture(scope="module")
-def shared_feed(ray_session, prompt_root):
-    """One feed for the tests that only need some prompts (each continues where the last stopped)."""
-    with running_feed(ray_session, _spec(prompt_root)) as handle:
-        yield handle
+def shared_feed(ray_session, prompt_root) -> Iterator[SharedFeed]:
+    """One feed for the tests whose subject is not a fresh feed: those that count from its start
+    take :meth:`SharedFeed.rewound`, the others its ``handle`` (each goes on where the last stopped)."""
+    config = _config()
+    with running_feed(ray_session, _spec(prompt_root), config=config) as handle:
+        yield SharedFeed(config, handle, ray_session.get(handle.state_dict.remote(), timeout=TIMEOUT_S))
 
 
 def _status(feed: Any) -> dict[str, Any]:
@@ -123,7 +159,7 @@ def _policy(tokenizer: Any) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
     return Qwen2ForCausalLM(config)
 
@@ -134,7 +170,7 @@ def _grpo_config(output_dir: Path, **overrides: Any) -> Any:
 
     args: dict[str, Any] = dict(
         output_dir=str(output_dir), use_cpu=True, bf16=False, seed=0, report_to=[], disable_tqdm=True,
-        logging_steps=1000, per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
+        logging_steps=1000, per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
         max_steps=STEPS, save_steps=2, shuffle_dataset=False, ignore_data_skip=True,
     )  # fmt: skip
     if overrides.pop("trl_defaults", False):
@@ -230,17 +266,17 @@ def _missed_and_repeated(trained: Counter, window_steps: int = 1) -> tuple[list[
 
 @pytest.mark.timeout(600)
 def test_a_crashed_grpo_run_resumes_and_trains_every_prompt_once_beside_trls_own_resume(
-    ray_session, prompt_root, trl_tokenizer, tmp_path
+    shared_feed, trl_tokenizer, tmp_path
 ):
     # rl_data: attempt 1 saves at step 2, trains step 3 and dies generating for step 4
-    scored = Scored(crash_at=(1, 3))
-    with running_feed(ray_session, _spec(prompt_root)) as feed:
-        def feed_dataset() -> tuple[Any, list[Any]]:
-            source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
-            return source.train_dataset, [source.callback]
+    scored, feed = Scored(crash_at=(1, 3)), shared_feed.rewound()
 
-        checkpoint = _crash_then_resume(trl_tokenizer, _grpo_config(tmp_path / "feed"), scored, feed_dataset)
-        status = _status(feed)
+    def feed_dataset() -> tuple[Any, list[Any]]:
+        source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+        return source.train_dataset, [source.callback]
+
+    checkpoint = _crash_then_resume(trl_tokenizer, _grpo_config(tmp_path / "feed"), scored, feed_dataset)
+    status = _status(feed)
 
     assert checkpoint == 2
     trained = scored.steps_trained(checkpoint)
@@ -278,7 +314,7 @@ def test_a_crashed_grpo_run_resumes_and_trains_every_prompt_once_beside_trls_own
 
 class CrashAfter:
     """A callback that raises :class:`Crash` at the end of optimizer step ``step`` (attempt 1 only)
-    and records the feed's acked total at each step end."""
+    and records how many prompts of the feed's first epoch were acked at each step end."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from transformers import TrainerCallback
@@ -289,7 +325,7 @@ class CrashAfter:
 
             def on_step_end(self, args, state, control, **kwargs):
                 if self.feed is not None:
-                    self.acked[state.global_step] = _status(self.feed)["totals"]["acked"]
+                    self.acked[state.global_step] = _status(self.feed)["epochs"][0]["acked"]
                 if state.global_step == self.step:
                     raise Crash(f"simulated crash after step {self.step}")
 
@@ -299,26 +335,26 @@ class CrashAfter:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_window_of_two_steps_is_acked_after_its_last_step_and_resumes_whole(
-    ray_session, prompt_root, trl_tokenizer, tmp_path
+    shared_feed, trl_tokenizer, tmp_path
 ):
     """steps_per_generation=2: 4 prompts generated at once, trained over 2 optimizer steps."""
     window = dict(steps_per_generation=2)
-    scored = Scored()
-    with running_feed(ray_session, _spec(prompt_root)) as feed:
-        with pytest.raises(ValueError, match=r"save_steps=3 saves inside generation windows of 2 optimizer steps"):
-            source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
-            _trainer(trl_tokenizer, _grpo_config(tmp_path / "refused", save_steps=3, **window), source.train_dataset,
-                     scored, [source.callback]).train()  # fmt: skip
-        assert scored.rows == [] and _status(feed)["totals"]["taken"] == 0  # refused before any prompt was taken
+    scored, feed = Scored(), shared_feed.rewound()
+    taken = _status(feed)["totals"]["taken"]
+    with pytest.raises(ValueError, match=r"save_steps=3 saves inside generation windows of 2 optimizer steps"):
+        source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+        _trainer(trl_tokenizer, _grpo_config(tmp_path / "refused", save_steps=3, **window), source.train_dataset,
+                 scored, [source.callback]).train()  # fmt: skip
+    assert scored.rows == [] and _status(feed)["totals"]["taken"] == taken  # refused before any prompt was taken
 
-        crash = CrashAfter(3, feed)  # in the middle of the second window
+    crash = CrashAfter(3, feed)  # in the middle of the second window
 
-        def feed_dataset() -> tuple[Any, list[Any]]:
-            source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
-            return source.train_dataset, [source.callback] + ([crash] if scored.attempt == 1 else [])
+    def feed_dataset() -> tuple[Any, list[Any]]:
+        source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+        return source.train_dataset, [source.callback] + ([crash] if scored.attempt == 1 else [])
 
-        checkpoint = _crash_then_resume(trl_tokenizer, _grpo_config(tmp_path / "feed", **window), scored, feed_dataset)
-        status = _status(feed)
+    checkpoint = _crash_then_resume(trl_tokenizer, _grpo_config(tmp_path / "feed", **window), scored, feed_dataset)
+    status = _status(feed)
 
     assert checkpoint == 2 and crash.acked == {1: 0, 2: 4, 3: 4}  # acked when a window's last step is done
     trained = scored.steps_trained(checkpoint, window_steps=2)
@@ -355,7 +391,7 @@ _PROCESS = textwrap.dedent(
     """
     import json, os, sys
     import ray
-    address, name, namespace, output, max_steps, resume = sys.argv[1:7]
+    address, name, namespace, output = sys.argv[1:5]
     ray.init(address=address, namespace=namespace, log_to_driver=False)
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -364,32 +400,38 @@ _PROCESS = textwrap.dedent(
     from rl_data.rewards import math_reward
     from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
-    scored = []
-    def accuracy(completions, ground_truth, uid, trainer_state, **kwargs):
-        scored.extend([trainer_state.global_step, list(u)] for u in uid)
-        return [math_reward(c[0]["content"], truth) for c, truth in zip(completions, ground_truth)]
-
     tokenizer = load_qwen3_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                         tie_word_embeddings=True))
-    source = TRLPromptFeed(name, namespace=namespace, reward_funcs=[accuracy], timeout_s=60)
-    args = GRPOConfig(output_dir=output, use_cpu=True, bf16=False, seed=0, report_to=[], disable_tqdm=True,
-                      logging_steps=1000, per_device_train_batch_size=2, num_generations=2, max_completion_length=8,
-                      max_steps=int(max_steps), save_steps=2, shuffle_dataset=False, ignore_data_skip=True)
-    trainer = GRPOTrainer(model=model, reward_funcs=[accuracy], args=args, train_dataset=source.train_dataset,
-                          processing_class=tokenizer, callbacks=[source.callback])
-    trainer.train(resume_from_checkpoint=resume or None)
-    with open(os.path.join(output, f"scored-{resume and 'resumed'}-{args.process_index}.json"), "w") as f:
-        json.dump({"scored": scored, "taken": source.counts["taken"], "processes": args.world_size}, f)
+
+    def train(max_steps, resume):
+        scored = []
+
+        def accuracy(completions, ground_truth, uid, trainer_state, **kwargs):
+            scored.extend([trainer_state.global_step, list(u)] for u in uid)
+            return [math_reward(c[0]["content"], truth) for c, truth in zip(completions, ground_truth)]
+
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                             tie_word_embeddings=True))
+        source = TRLPromptFeed(name, namespace=namespace, reward_funcs=[accuracy], timeout_s=60)
+        args = GRPOConfig(output_dir=output, use_cpu=True, bf16=False, seed=0, report_to=[], disable_tqdm=True,
+                          logging_steps=1000, per_device_train_batch_size=2, num_generations=2, max_completion_length=4,
+                          max_steps=max_steps, save_steps=2, shuffle_dataset=False, ignore_data_skip=True)
+        trainer = GRPOTrainer(model=model, reward_funcs=[accuracy], args=args, train_dataset=source.train_dataset,
+                              processing_class=tokenizer, callbacks=[source.callback])
+        trainer.train(resume_from_checkpoint=resume or None)
+        with open(os.path.join(output, f"scored-{resume and 'resumed'}-{args.process_index}.json"), "w") as f:
+            json.dump({"scored": scored, "taken": source.counts["taken"], "processes": args.world_size}, f)
+
+    train(3, "")  # stops after step 3, as if it crashed there
+    train(4, os.path.join(output, "checkpoint-2"))  # a new trainer and source resume from step 2
     """
 )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_accelerate_processes_share_one_feed_and_resume_each_prompt_once(ray_session, prompt_root, tmp_path):
+def test_two_accelerate_processes_share_one_feed_and_resume_each_prompt_once(shared_feed, ray_session, tmp_path):
     """torchrun, 2 CPU processes (gloo): process 0 takes each window and broadcasts it, every
     process trains its slice; then both resume from checkpoint-2 (as after a crash after step 3)."""
     import json
@@ -397,18 +439,16 @@ def test_two_accelerate_processes_share_one_feed_and_resume_each_prompt_once(ray
     import subprocess
     import sys
 
-    config, script = _config(), tmp_path / "process.py"
+    script, feed = tmp_path / "process.py", shared_feed.rewound()
     script.write_text(_PROCESS)
-    with running_feed(ray_session, _spec(prompt_root), config=config) as feed:
-        env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
-        for max_steps, resume in (("3", ""), ("4", str(tmp_path / "checkpoint-2"))):
-            run = subprocess.run(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-                 ray_session.get_runtime_context().gcs_address, config.name, NAMESPACE, str(tmp_path), max_steps, resume],
-                capture_output=True, text=True, timeout=400, env=env,
-            )  # fmt: skip
-            assert run.returncode == 0, run.stderr[-4000:]
-        status = _status(feed)
+    env = dict(os.environ, RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).parents[1]))
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+         ray_session.get_runtime_context().gcs_address, shared_feed.config.name, NAMESPACE, str(tmp_path)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    status = _status(feed)
     runs = {(resumed, rank): json.loads((tmp_path / f"scored-{resumed}-{rank}.json").read_text())
             for resumed in ("", "resumed") for rank in (0, 1)}  # fmt: skip
     assert {key: (r["taken"] > 0, r["processes"]) for key, r in runs.items()} == {
@@ -426,7 +466,7 @@ def saved_run(shared_feed, trl_tokenizer, tmp_path_factory) -> Path:
     """A 2-step run on the shared feed with a checkpoint at step 2 (its output folder)."""
     output = tmp_path_factory.mktemp("trl_saved_run")
     scored = Scored()
-    source = TRLPromptFeed(shared_feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+    source = TRLPromptFeed(shared_feed.handle, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
     _trainer(trl_tokenizer, _grpo_config(output, max_steps=2), source.train_dataset, scored, [source.callback]).train()
     assert (output / "checkpoint-2" / FEED_FOLDER / "trl_callback.json").is_file()
     return output
@@ -447,25 +487,26 @@ def _resume(tokenizer: Any, feed: Any, output: Path, checkpoint: Path | None = N
 def test_a_checkpoint_of_another_dataset_task_or_layout_is_refused_before_any_step(
     ray_session, prompt_root, saved_run, trl_tokenizer, tmp_path
 ):
-    other_root = _write_prompts(tmp_path / "other_prompts", seed=1)
-    for spec, world, message in (
-        (_spec(other_root), WORLD, r"rank 0: Energon loader identity changed: .*dataset\.index_uuid"),
-        (_spec(prompt_root, generation_padding="left"), WORLD,
-         r"rank 0: Energon loader identity changed: .*task\.config\.generation_padding 'none' -> 'left'"),
-        (_spec(prompt_root), 1, r"Placement layout changed: .*logical_world_size 2 -> 1"),
-    ):  # fmt: skip
-        with running_feed(ray_session, spec, world=world) as feed:
-            scored = Scored()
-            with pytest.raises(ValueError, match=message):
-                _resume(trl_tokenizer, feed, saved_run, scored=scored)
-            assert scored.rows == [] and _status(feed)["totals"] == {"taken": 0, "acked": 0, "dropped": 0, "released": 0}
-            assert sorted(p.name for p in saved_run.glob("checkpoint-*")) == ["checkpoint-2"]  # no step ran
-    # a feed whose window (max_outstanding=3) cannot hold what the trainer takes ahead: refused at the start
-    with running_feed(ray_session, _spec(prompt_root), max_outstanding=3) as feed:
+    def assert_refused(feed: Any, message: str) -> None:
+        scored = Scored()
+        with pytest.raises(ValueError, match=message):
+            _resume(trl_tokenizer, feed, saved_run, scored=scored)
+        assert scored.rows == [] and _status(feed)["totals"] == {"taken": 0, "acked": 0, "dropped": 0, "released": 0}
+        assert sorted(p.name for p in saved_run.glob("checkpoint-*")) == ["checkpoint-2"]  # no step ran
+
+    # other prompts and another task setting: both differences listed
+    other = _spec(_write_prompts(tmp_path / "other_prompts", seed=1), generation_padding="left")
+    with running_feed(ray_session, other) as feed:
+        assert_refused(feed, r"rank 0: Energon loader identity changed: .*dataset\.index_uuid"
+                             r".*task\.config\.generation_padding 'none' -> 'left'")
+    # the prompts over one rank, in a window of 4 prompts (what the resumed trainer takes ahead: 2 windows of 2)
+    with running_feed(ray_session, _spec(prompt_root), world=1, max_outstanding=4) as feed:
+        assert_refused(feed, r"Placement layout changed: .*logical_world_size 2 -> 1")
+        # a trainer that takes 2 windows of 4 prompts ahead: refused at the start
         source = TRLPromptFeed(feed, timeout_s=TIMEOUT_S, columns=["ground_truth"])
-        with pytest.raises(ValueError, match=r"lets 3 prompts be outstanding .*set max_outstanding >= 4"):
-            _trainer(trl_tokenizer, _grpo_config(tmp_path / "small"), source.train_dataset, Scored(),
-                     [source.callback]).train()  # fmt: skip
+        with pytest.raises(ValueError, match=r"lets 4 prompts be outstanding .*set max_outstanding >= 8"):
+            _trainer(trl_tokenizer, _grpo_config(tmp_path / "small", per_device_train_batch_size=8),
+                     source.train_dataset, Scored(), [source.callback]).train()  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -474,7 +515,7 @@ def test_a_checkpoint_without_the_feeds_state_is_refused_never_taken_for_a_fresh
 ):
     import json
 
-    before = _status(shared_feed)["totals"]
+    before = _status(shared_feed.handle)["totals"]
     cases = {name: tmp_path / name for name in ("no_feed_state", "no_callback_entry", "other_save")}
     for folder in cases.values():
         shutil.copytree(saved_run, folder)
@@ -491,19 +532,19 @@ def test_a_checkpoint_without_the_feeds_state_is_refused_never_taken_for_a_fresh
         ("other_save", ValueError, r"holds the prompt feed state of another save \(token 'another-save', step 2\)"),
     ):  # fmt: skip
         with pytest.raises(error, match=message):
-            _resume(trl_tokenizer, shared_feed, cases[name])
+            _resume(trl_tokenizer, shared_feed.handle, cases[name])
     # resuming from a folder elsewhere than output_dir/checkpoint-<step> needs resume_from
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(saved_run / "checkpoint-2", elsewhere)
     scored = Scored()
-    source = TRLPromptFeed(shared_feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+    source = TRLPromptFeed(shared_feed.handle, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
     trainer = _trainer(trl_tokenizer, _grpo_config(tmp_path / "fresh_output", max_steps=4), source.train_dataset,
                        scored, [source.callback])  # fmt: skip
     with pytest.raises(FileNotFoundError, match=r"pass TRLPromptFeed\(\.\.\., resume_from=<that folder>\)"):
         trainer.train(resume_from_checkpoint=str(elsewhere))
     assert scored.rows == []
-    assert _status(shared_feed)["totals"] == before  # nothing taken, nothing restored
-    scored = _resume(trl_tokenizer, shared_feed, tmp_path / "fresh_output", checkpoint=elsewhere)
+    assert _status(shared_feed.handle)["totals"] == before  # nothing taken, nothing restored
+    scored = _resume(trl_tokenizer, shared_feed.handle, tmp_path / "fresh_output", checkpoint=elsewhere)
     assert len({(step, key) for _, step, key, _ in scored.rows}) == 4  # steps 3 and 4, 2 prompts each
 
 
@@ -514,13 +555,13 @@ def test_rows_lacking_a_reward_column_fail_at_the_first_batch_naming_it(shared_f
     def by_answer(completions, answer_key, **kwargs):  # a column the prompts do not have
         return [0.0] * len(completions)
 
-    before = _status(shared_feed)
-    source = TRLPromptFeed(shared_feed, reward_funcs=[by_answer], timeout_s=TIMEOUT_S)
+    before = _status(shared_feed.handle)
+    source = TRLPromptFeed(shared_feed.handle, reward_funcs=[by_answer], timeout_s=TIMEOUT_S)
     trainer = GRPOTrainer(model=_policy(trl_tokenizer), reward_funcs=[by_answer], args=_grpo_config(tmp_path),
                           train_dataset=source.train_dataset, processing_class=trl_tokenizer, callbacks=[source.callback])  # fmt: skip
     with pytest.raises(ValueError, match=r"reward function by_answer needs column 'answer_key', but prompt \(\d+, \d+\)"):
         trainer.train()
-    after = _status(shared_feed)
+    after = _status(shared_feed.handle)
     assert after["outstanding"] == 0 and not list(tmp_path.glob("checkpoint-*"))
     assert after["totals"]["released"] - before["totals"]["released"] == 2  # the first window, given back
 
@@ -538,15 +579,15 @@ def test_rows_lacking_a_reward_column_fail_at_the_first_batch_naming_it(shared_f
 def test_settings_that_would_lose_or_repeat_prompts_are_refused_before_a_prompt_is_taken(
     shared_feed, trl_tokenizer, tmp_path, setting, message
 ):
-    before = _status(shared_feed)["totals"]
-    source = TRLPromptFeed(shared_feed, columns=["ground_truth"], timeout_s=TIMEOUT_S)
+    before = _status(shared_feed.handle)["totals"]
+    source = TRLPromptFeed(shared_feed.handle, columns=["ground_truth"], timeout_s=TIMEOUT_S)
     with pytest.raises(ValueError, match=message):
         _trainer(trl_tokenizer, _grpo_config(tmp_path, **setting), source.train_dataset, Scored(), [source.callback]).train()
-    assert _status(shared_feed)["totals"] == before
+    assert _status(shared_feed.handle)["totals"] == before
 
 
 def test_the_dataset_refuses_to_run_without_its_callback(shared_feed, trl_tokenizer, tmp_path):
-    source = TRLPromptFeed(shared_feed, columns=["ground_truth"], timeout_s=TIMEOUT_S)
+    source = TRLPromptFeed(shared_feed.handle, columns=["ground_truth"], timeout_s=TIMEOUT_S)
     with pytest.raises(RuntimeError, match=r"iterated before its callback's on_train_begin: pass callbacks=\[source.callback\]"):
         _trainer(trl_tokenizer, _grpo_config(tmp_path), source.train_dataset, Scored(), []).train()
 

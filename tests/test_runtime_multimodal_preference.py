@@ -1,11 +1,13 @@
 """Multimodal and preference data through the distributed runtime.
 
 A coordinator with 2 logical ranks runs over an image dataset (packing off and on) and over a
-preference dataset: it commits k steps, hands out one more, checkpoints, is torn down, and a new
-coordinator restores the checkpoint into new rank actors. Every step's per-rank batches must
-equal the uninterrupted stream read directly from the loaders (sample ids, media shapes, exact
-tensors); fetched multimodal batches carry, per row, the media of their own sources; nested
-media cross the object store zero-copy.
+preference dataset. Freshly started, it restores the checkpoint of step k (the loader states after
+k batches, read directly) into its new rank actors and continues; rewound to its start, it commits
+k steps, hands out one more, checkpoints, loads that checkpoint in place (a rewind dropping the
+pending step) and continues, and is rewound to the checkpoint of every committed step. Every step's
+per-rank batches must equal the uninterrupted stream read directly from the loaders (sample ids,
+media shapes, exact tensors); fetched multimodal batches carry, per row, the media of their own
+sources; nested media cross the object store zero-copy.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from restore_check import assert_resumes_from_every_state, record_steps
 from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.config import LoaderSpec
 from rl_data.distributed.placement import config_layout, placement_fingerprint
+from rl_data.distributed.rank_actor import loader_builder
 from rl_data.energon.multimodal.task_encoders import load_default_multimodal_processor
 from rl_data.energon.sample_format import encode_sample
-from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.packed_tensor import PackedTensor
 
 MULTIMODAL_FACTORY = "rl_data.energon.multimodal.task_encoders.processor:load_default_multimodal_processor"
@@ -98,23 +100,27 @@ def _spec(root, task_encoder: str, batch_format: str | None = None, **overrides:
     return LoaderSpec(**args)
 
 
-def _reference_batches(spec: LoaderSpec, config: Any, processor: Any, steps: int) -> list[list[Any]]:
-    """``[step][rank] -> batch`` of an uninterrupted run, read directly from the loaders (no Ray)."""
-    fingerprint = placement_fingerprint(config_layout(config))
-    per_rank = []
+def _reference(spec: LoaderSpec, config: Any, processor: Any, steps: int) -> tuple[list[list[Any]], list[dict]]:
+    """``[step][rank] -> batch`` of an uninterrupted run, read directly from the loaders (no Ray),
+    built as the rank actors build them; and ``[rank] -> loader state`` after the first
+    :data:`COMMITTED` batches (what the checkpoint of step COMMITTED holds)."""
+    build, fingerprint = loader_builder(spec), placement_fingerprint(config_layout(config))
+    per_rank, committed_states = [], []
     for rank in range(config.world_size):
-        loader = build_energon_sft_loader(
-            **spec.builder_kwargs(), processor=processor, logical_rank=rank,
-            logical_world_size=config.world_size, placement_fingerprint=fingerprint,
-        )
+        loader = build(spec, processor, logical_rank=rank, logical_world_size=config.world_size,
+                       placement_fingerprint=fingerprint)  # fmt: skip
         batches, iterator = [], iter(loader)
         while len(batches) < steps:
             try:
                 batches.append(next(iterator))
             except StopIteration:  # end of a virtual epoch: the stream continues
                 iterator = iter(loader)
+                continue
+            if len(batches) == COMMITTED:  # the state a rank actor hands out with that batch
+                committed_states.append(loader.state_dict())
+        loader.close()
         per_rank.append(batches)
-    return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]
+    return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)], committed_states
 
 
 def _take_steps(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> list[list[Any]]:
@@ -128,12 +134,19 @@ def _take_steps(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) 
     return taken
 
 
-def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, expected: list[list[Any]]) -> tuple[list, list]:
-    """Batches before the checkpoint (committed and one uncommitted) and after loading it into a
-    fresh coordinator; loaded into the live coordinator (a rewind), and rewound to the checkpoint
-    of every committed step, it continues with the ``expected`` sample ids too."""
+def _run_interrupted(
+    ray: Any, spec: LoaderSpec, config: Any, directory: Any, expected: list[list[Any]], committed_states: list[dict]
+) -> tuple[list, list]:
+    """The batches of a fresh coordinator restoring the checkpoint of step COMMITTED (a restarted
+    job; ``committed_states``: its rank states), and of the same coordinator rewound to its start:
+    committed steps and one handed out, never committed. That run's checkpoint, loaded in place (a
+    rewind), and the checkpoint of every committed step continue with the ``expected`` sample ids too."""
     with running_coordinator(ray, config, spec) as coordinator:
         client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
+        start = client.origin_state_dict()
+        client.load_state_dict({**start, "step": COMMITTED, "ranks": committed_states})
+        assert client.progress()["rewinds"] == 0  # a fresh coordinator's restore
+        after = _take_steps(ray, coordinator, RESUMED)
 
         def take() -> list[Any]:
             step, refs = client.next_step()
@@ -141,6 +154,7 @@ def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, ex
             client.commit(step)
             return batches
 
+        client.load_state_dict(start)
         before, states = record_steps(take, client.state_dict, COMMITTED)
         before += _take_steps(ray, coordinator, 1, commit=False)  # handed out, never committed
         client.save_checkpoint(str(directory))
@@ -150,9 +164,6 @@ def _run_interrupted(ray: Any, spec: LoaderSpec, config: Any, directory: Any, ex
         assert_resumes_from_every_state(
             lambda: [list(batch["source_ids"]) for batch in take()], client.load_state_dict, states, ids[:COMMITTED]
         )
-    with running_coordinator(ray, config, spec) as coordinator:  # a fresh coordinator (a restarted job)
-        assert ray.get(coordinator.load_checkpoint.remote(str(directory)), timeout=TIMEOUT_S) == COMMITTED
-        after = _take_steps(ray, coordinator, RESUMED)
     return before, after
 
 
@@ -225,8 +236,8 @@ def test_multimodal_restore_continues_the_uninterrupted_stream(ray_session, imag
     root, media = image_dataset
     spec = _spec(root, "vlm_sft", processor_factory=MULTIMODAL_FACTORY, **(PACKING if packing else {}))
     config = runtime_config(2, 1)
-    expected = _reference_batches(spec, config, processor, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected)
+    expected, committed_states = _reference(spec, config, processor, COMMITTED + RESUMED)
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, committed_states)
     _assert_same_steps(before, expected[: COMMITTED + 1], media_view)
     _assert_same_steps(after, expected[COMMITTED:], media_view)
     fetched = [batch for step in before + after for batch in step]
@@ -243,7 +254,7 @@ def test_nested_media_cross_the_object_store_zero_copy(ray_session, image_datase
     ray = ray_session
     root, _ = image_dataset
     spec = _spec(root, "vlm_sft", batch_format="message_log")  # media nested in the message logs
-    batch = _reference_batches(spec, runtime_config(1, 0), processor, 1)[0][0]
+    batch = _reference(spec, runtime_config(1, 0), processor, 1)[0][0][0]
     buffers: list[pickle.PickleBuffer] = []
     stream = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
     tensors = [t for m in (m for log in batch["message_log"] for m in log) for t in _message_tensors(m)]
@@ -289,8 +300,8 @@ def preference_view(batch: Any) -> tuple[list, dict[str, torch.Tensor]]:
 def test_preference_restore_continues_the_uninterrupted_stream(ray_session, preference_dataset, tokenizer, tmp_path):
     ray = ray_session
     spec, config = _spec(preference_dataset, "preference"), runtime_config(2, 1)
-    expected = _reference_batches(spec, config, tokenizer, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected)
+    expected, committed_states = _reference(spec, config, tokenizer, COMMITTED + RESUMED)
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, committed_states)
     _assert_same_steps(before, expected[: COMMITTED + 1], preference_view)
     _assert_same_steps(after, expected[COMMITTED:], preference_view)
     batch = after[-1][1]
