@@ -21,22 +21,22 @@ RUN_SLOW = "--run-slow"
 #: the short modules fill in at the end instead of one long module running alone.
 HEAVIEST_MODULES_FIRST = (
     "test_benchmarks_smoke.py",
-    "test_job_submit.py",
     "test_integration_ray_train.py",
-    "test_integration_trl.py",
-    "test_elastic_resume.py",
-    "test_coordinator.py",
-    "test_fault_tolerance.py",
     "test_prompt_feed.py",
-    "test_coordinator_rewind.py",
+    "test_coordinator.py",
+    "test_integration_trl.py",
+    "test_fault_tolerance.py",
+    "test_elastic_resume.py",
     "test_grpo_demo.py",
+    "test_job_submit.py",
+    "test_coordinator_rewind.py",
+    "test_train_sft_demo.py",
     "test_chaos.py",
     "test_demo_data.py",
-    "test_runtime_multimodal_preference.py",
     "test_rank_actor.py",
-    "test_train_sft_demo.py",
-    "test_preload.py",
     "test_scale_benchmark.py",
+    "test_runtime_multimodal_preference.py",
+    "test_preload.py",
 )
 
 

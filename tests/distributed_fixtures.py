@@ -235,3 +235,29 @@ def synthetic_reference_stream(spec: LoaderSpec, config: RuntimeConfig, steps: i
             batches += [list(batch["source_ids"]) for batch in loader]
         per_rank.append(batches[:steps])
     return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)]
+
+
+#: ``cached_reference_stream``'s reads: (spec, world size, placement) -> ``[step][rank] -> source ids``.
+_REFERENCE_STREAMS: dict[tuple[str, int, str], list[list[list[str]]]] = {}
+
+
+def cached_reference_stream(
+    spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int, *, read_at_least: int = 6
+) -> list[list[list[str]]]:
+    """:func:`reference_stream`, read once per test process for each loader spec and placement (the
+    stream depends on nothing else): the first read takes ``max(steps, read_at_least)`` steps, a
+    longer request reads again from the start."""
+    key = (spec.model_dump_json(), config.world_size, placement_fingerprint(config_layout(config)))
+    known = _REFERENCE_STREAMS.get(key)
+    if known is None or len(known) < steps:
+        known = _REFERENCE_STREAMS[key] = reference_stream(spec, config, tokenizer, max(steps, read_at_least))
+    return known[:steps]
+
+
+def reference_stream_and_states(
+    spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int
+) -> tuple[list[list[list[str]]], list[list[dict[str, Any]]]]:
+    """:func:`reference_stream` and :func:`reference_states` of the same ``steps`` from one read of
+    the loaders (``[step][rank] -> source ids``, ``[step][rank] -> state after that step's batch``)."""
+    both = _direct_run(spec, config, tokenizer, steps, lambda loader, batch: (list(batch["source_ids"]), loader.state_dict()))
+    return [[ids for ids, _ in step] for step in both], [[state for _, state in step] for step in both]

@@ -7,6 +7,7 @@ step 0 at each test's start); the lifetime test runs on the synthetic task (:dat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,9 +18,9 @@ import pytest
 
 from distributed_fixtures import (
     TIMEOUT_S,
+    cached_reference_stream,
     consume,
     origin_checkpoint,
-    reference_stream,
     running_coordinator,
     runtime_config,
     shared_train_coordinator,
@@ -60,22 +61,33 @@ def coordinator(shared_coordinator):
     return shared_coordinator.reset()
 
 
+#: The configuration of the shared coordinator (``shared_train_coordinator``): its parameter rewinds it.
+SHARED = (0, False, 1)
+
+
 @pytest.mark.parametrize(
     "workers,packed,prefetch_depth",
     [
-        (0, False, 0),
+        SHARED,  # (0, False, 0), with prefetch 0: test_coordinator.py::test_restore_continues_exactly_after_the_committed_step[0-2-0]
         (2, True, 2),
         pytest.param(0, True, 1, marks=pytest.mark.slow),
         pytest.param(2, False, 0, marks=pytest.mark.slow),
     ],
 )
-def test_rewind_at_every_step_continues_exactly(ray_session, energon_dataset, tokenizer, workers, packed, prefetch_depth):
+def test_rewind_at_every_step_continues_exactly(ray_session, energon_dataset, tokenizer, request, workers, packed, prefetch_depth):
     """Rewind a live coordinator (a step pending, ranks prefetching) to the checkpoint of every
-    step s = STEPS-1 .. 0 and take the rest: the ids equal the uninterrupted run's, in order."""
+    step s = STEPS-1 .. 0 and take the rest: the ids equal the uninterrupted run's, in order.
+    The :data:`SHARED` configuration rewinds the shared coordinator (its counts relative to this test's start)."""
     ray = ray_session
     spec, config = _spec(energon_dataset, workers, packed), runtime_config(2, prefetch_depth)
-    expected = reference_stream(spec, config, tokenizer, STEPS)
-    with running_coordinator(ray, config, spec) as coordinator:
+    expected = cached_reference_stream(spec, config, tokenizer, STEPS)
+    if (workers, packed, prefetch_depth) == SHARED:
+        shared = request.getfixturevalue("shared_coordinator")
+        assert (shared.spec, shared.config.prefetch_depth) == (spec, prefetch_depth)
+        live = contextlib.nullcontext(shared.reset())
+    else:
+        live = running_coordinator(ray, config, spec)
+    with live as coordinator:
         client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
         before = client.status()
 
@@ -92,12 +104,12 @@ def test_rewind_at_every_step_continues_exactly(ray_session, energon_dataset, to
     # the same rank actors (processes), each with a new loader; rewinds are not rank deaths
     assert status["rank_actor_names"] == before["rank_actor_names"]
     assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in before["ranks"]]
-    assert status["restarts"] == [0, 0] and status["rewinds"] == STEPS
+    assert status["restarts"] == before["restarts"] and status["rewinds"] - before["rewinds"] == STEPS
 
 
 def test_rewind_drops_pending_steps_and_refuses_their_commits(ray_session, shared_coordinator, coordinator, tokenizer):
     ray = ray_session
-    expected = reference_stream(shared_coordinator.spec, shared_coordinator.config, tokenizer, 4)
+    expected = cached_reference_stream(shared_coordinator.spec, shared_coordinator.config, tokenizer, 4)
     client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
     assert [client.next_step()[0] for _ in range(2)] == [1, 2]
     client.commit(1)
@@ -179,7 +191,7 @@ def test_a_refused_checkpoint_leaves_the_live_coordinator_untouched(
     spec, config = shared_coordinator.spec, shared_coordinator.config
     # the checkpoint a coordinator of this configuration over the other dataset starts from
     foreign = origin_checkpoint(train_spec(other), config, tokenizer, like=shared_coordinator.initial)
-    expected = reference_stream(spec, config, tokenizer, 4)
+    expected = cached_reference_stream(spec, config, tokenizer, 4)
     rewinds = ray.get(coordinator.progress.remote(), timeout=TIMEOUT_S)["rewinds"]
     assert consume(ray, coordinator, 2) == expected[:2]
     consume(ray, coordinator, 1, commit=False)  # step 3 pending
@@ -195,20 +207,23 @@ def test_a_refused_checkpoint_leaves_the_live_coordinator_untouched(
     assert consume(ray, coordinator, 1) == expected[3:4]
 
 
-def test_origin_is_the_start_or_the_checkpoint_loaded_before_the_first_step(ray_session, energon_dataset, tokenizer):
+def test_origin_is_the_start_or_the_checkpoint_loaded_before_the_first_step(ray_session, shared_coordinator, coordinator, tokenizer):
+    """A coordinator's origin is its start (the shared one: no test of this module loads a checkpoint
+    into it before its first step), or the checkpoint loaded before its first step (a fresh one of the
+    same configuration); a rewind keeps it."""
     ray = ray_session
-    spec, config = train_spec(energon_dataset), runtime_config(2, 1)
-    expected = reference_stream(spec, config, tokenizer, 5)
-    with running_coordinator(ray, config, spec) as coordinator:
+    spec, config = shared_coordinator.spec, runtime_config(2, 1)
+    expected = cached_reference_stream(spec, config, tokenizer, 5)
+    consume(ray, coordinator, 2)
+    at_two = ray.get(coordinator.state_dict.remote(), timeout=TIMEOUT_S)
+    consume(ray, coordinator, 2)
+    origin = ray.get(coordinator.origin_state_dict.remote(), timeout=TIMEOUT_S)
+    assert origin["step"] == 0
+    ray.get(coordinator.load_state_dict.remote(origin), timeout=TIMEOUT_S)  # start over
+    assert consume(ray, coordinator, 1) == expected[:1]
+    with running_coordinator(ray, config, spec) as coordinator:  # the same configuration, another name
         client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
         assert client.origin_state_dict()["step"] == 0
-        consume(ray, coordinator, 2)
-        at_two = client.state_dict()
-        consume(ray, coordinator, 2)
-        client.load_state_dict(client.origin_state_dict())  # start over
-        assert consume(ray, coordinator, 1) == expected[:1]
-    with running_coordinator(ray, config, spec) as coordinator:
-        client = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S)
         client.load_state_dict(at_two)  # before the first step: the new origin
         assert consume(ray, coordinator, 2) == expected[2:4]
         client.load_state_dict(at_two)  # a rewind keeps the origin

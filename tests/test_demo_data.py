@@ -82,8 +82,10 @@ def test_the_job_runs_the_task_and_proves_the_continuation(ray_session, tmp_path
     from rl_data.jobs.sft_demo import run_demo
     from rl_data.preprocess.pipeline import load_dataset_info
 
+    # 1 DP rank: the job's path per task; 2 logical ranks over both tasks restore and continue exactly
+    # in test_runtime_multimodal_preference.py, 2 ranks of the job in test_train_sft_demo.py
     config = TrainDemoConfig(
-        task=task, work_dir=str(tmp_path / "work"), ranks=2, batch_size=2, seq_len=256, packing=packing,
+        task=task, work_dir=str(tmp_path / "work"), ranks=1, batch_size=2, seq_len=256, packing=packing,
         steps=2, resume_steps=1, num_conversations=40, prefetch_depth=1, namespace=NAMESPACE,
         show_encoding=False, progress=False,
     )

@@ -28,7 +28,7 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     from rl_data.jobs.grpo.demo import run_grpo_demo
 
     config = GRPODemoConfig(
-        work_dir=str(tmp_path / "work"), num_prompts=48, epochs=3, workers=3, groups_per_step=3, dp=2, resume_dp=1,
+        work_dir=str(tmp_path / "work"), num_prompts=48, epochs=2, workers=2, groups_per_step=3, dp=2, resume_dp=1,
         checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=7, failure_rate=0.1,
         namespace=NAMESPACE, feed_name="grpo-test-feed", progress=False, timeout_s=TIMEOUT_S,
     )  # fmt: skip
@@ -36,7 +36,7 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     summary = run_grpo_demo(config, Console(file=out, width=200))
     text = out.getvalue()
     assert summary.passed, text
-    assert [a.epoch for a in summary.accounts] == [0, 1, 2]
+    assert [a.epoch for a in summary.accounts] == [0, 1]
     for account in summary.accounts:
         assert account.expected == 48 and account.trained + sum(account.dropped.values()) == 48
         assert account.duplicates == account.missing == 0 and account.feed_agrees
@@ -49,7 +49,7 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     assert c.failed > 0 and c.regenerated > 0 and c.rolled_back > 0
     assert c.feed_totals["released"] >= c.failed + c.released_by_supervisor
     assert summary.final_step >= 7
-    assert "PASS: 3 epochs x 48 prompts: 0 duplicated, 0 missing" in " ".join(text.split())
+    assert "PASS: 2 epochs x 48 prompts: 0 duplicated, 0 missing" in " ".join(text.split())
     assert "prompt accounting per epoch" in text
 
 
@@ -67,11 +67,15 @@ def test_a_data_parallel_step_equals_the_single_rank_step(ray_session):
     groups = [{"uid": (0, i), "prompt_ids": [11, 12, 13 + i], "responses": policy.responses(f"k{i}", "7"),
                "rewards": [float(r.endswith("#### 7")) for r in policy.responses(f"k{i}", "7")]} for i in range(5)]
     trainer = ray.remote(PolicyTrainer).options(num_cpus=0)
-    single, pair = [trainer.remote(load_qwen3_tokenizer, 0)], [trainer.remote(load_qwen3_tokenizer, 0) for _ in range(2)]
-    one = train_data_parallel(single, groups, TIMEOUT_S)
-    two = train_data_parallel(pair, groups, TIMEOUT_S)  # groups 0, 2, 4 on rank 0; 1, 3 on rank 1
+    first, second = trainer.remote(load_qwen3_tokenizer, 0), trainer.remote(load_qwen3_tokenizer, 0)
+    initial = ray.get(first.state_dict.remote(), timeout=TIMEOUT_S)
+    one = train_data_parallel([first], groups, TIMEOUT_S)
+    single = ray.get(first.state_dict.remote(), timeout=TIMEOUT_S)
+    ray.get(first.load_state_dict.remote(initial), timeout=TIMEOUT_S)  # back to the start: a rank of the pair
+    assert not torch.equal(single["head"]["weight"], initial["head"]["weight"])  # the step changed the model
+    two = train_data_parallel([first, second], groups, TIMEOUT_S)  # groups 0, 2, 4 on rank 0; 1, 3 on rank 1
     assert one["tokens"] == two["tokens"] and abs(one["loss"] - two["loss"]) < 1e-6
-    weights = ray.get([t.state_dict.remote() for t in single + pair], timeout=TIMEOUT_S)
+    weights = [single, *ray.get([t.state_dict.remote() for t in (first, second)], timeout=TIMEOUT_S)]
     for name in ("embed", "head"):
         for key, value in weights[0][name].items():
             assert torch.allclose(value, weights[1][name][key], atol=1e-6) and torch.equal(weights[1][name][key], weights[2][name][key])
@@ -82,9 +86,10 @@ def test_a_data_parallel_step_equals_the_single_rank_step(ray_session):
 def test_the_demo_on_a_mixture_resolves_the_first_prompts_of_its_endless_epoch_exactly_once(ray_session, tmp_path):
     from rl_data.jobs.grpo.demo import run_grpo_demo
 
+    # one rollout worker, none killed (the chaos test above runs 2 and kills one): here the mixture's feed restores
     config = GRPODemoConfig(
-        work_dir=str(tmp_path / "work"), num_prompts=40, mixture={"easy": 0.7, "hard": 0.3}, prompts=60, workers=2,
-        groups_per_step=3, checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=5, dp=1, resume_dp=2,
+        work_dir=str(tmp_path / "work"), num_prompts=40, mixture={"easy": 0.7, "hard": 0.3}, prompts=60, workers=1,
+        groups_per_step=3, checkpoint_every=3, kill_worker_at_step=None, kill_all_at_step=5, dp=1, resume_dp=2,
         namespace=NAMESPACE, feed_name="grpo-mixture-feed", progress=False, timeout_s=TIMEOUT_S,
     )  # fmt: skip
     assert config.loader_spec().source.epoch_mode == "virtual" and config.prompt_target == 60

@@ -36,12 +36,14 @@ def _spec(members, weights):
 @pytest.mark.timeout(400)
 def test_reweighting_through_the_coordinator_is_refused_unless_asked_and_recorded(ray_session, members, tmp_path):
     ray = ray_session
-    config = runtime_config(2, 1, name="mixture_coordinator")
+    # one rank: re-weighting is each rank loader's own (the refusal and the record name rank 0), and
+    # a coordinator's rank actor (torch, Energon) is most of this test's cost
+    config = runtime_config(1, 1, name="mixture_coordinator")
     with running_coordinator(ray, config, _spec(members, WEIGHTS)) as coordinator:
         before = consume(ray, coordinator, 3)
         ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt")), timeout=TIMEOUT_S)
         status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
-    assert [sum(r["mixture"]["counts"].values()) for r in status["ranks"]] == [12, 12]  # 3 batches of 4 per rank
+    assert [sum(r["mixture"]["counts"].values()) for r in status["ranks"]] == [12]  # 3 batches of 4
 
     result = CliRunner().invoke(app, ["inspect-checkpoint", str(tmp_path / "ckpt")])
     assert result.exit_code == 0, result.output
@@ -65,8 +67,8 @@ def test_reweighting_through_the_coordinator_is_refused_unless_asked_and_recorde
         after = consume(ray, coordinator, 3)
         ray.get(coordinator.save_checkpoint.remote(str(tmp_path / "ckpt2")), timeout=TIMEOUT_S)
     ids = [i for step in before + after for rank in step for i in rank]
-    assert len(ids) == len(set(ids)) == 48  # each member continued where it stood: nothing twice
+    assert len(ids) == len(set(ids)) == 24  # each member continued where it stood: nothing twice
     result = CliRunner().invoke(app, ["inspect-checkpoint", str(tmp_path / "ckpt2")])
-    rank_line = next(line for line in result.output.splitlines() if line.startswith("rank 1 mixture: "))
-    assert rank_line.startswith("rank 1 mixture: 6 batches; samples ")
+    rank_line = next(line for line in result.output.splitlines() if line.startswith("rank 0 mixture: "))
+    assert rank_line.startswith("rank 0 mixture: 6 batches; samples ")
     assert rank_line.endswith("weights math=0.5 code=0.3 chat=0.2 from batch 0, math=0.2 code=0.3 chat=0.5 from batch 3")

@@ -772,7 +772,7 @@ def test_a_mixture_checkpoint_with_other_weights_is_refused_saying_the_feed_does
         source={"mixture": mixture, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 5},
         batch_size=BATCH, max_sequence_length=256,
     )  # fmt: skip
-    config = _config()
+    config = _config(world=1)  # the refusal is rank 0's: one rank actor (torch, Energon) instead of two
     with running_feed(ray_session, config, spec, FeedConfig(max_outstanding=20)):
         rollout, trainer = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
         taken = rollout.take(6)

@@ -257,25 +257,28 @@ def test_exhausted_validation_split_raises_on_the_next_request(ray_session, spaw
 
 
 @pytest.mark.timeout(120)
-def test_status_counts_the_zero_loss_samples_it_handed_out(ray_session, spawn, energon_dataset, tokenizer):
+def test_status_counts_the_zero_loss_samples_it_handed_out_and_the_heap_the_loader_finds_is_frozen(
+    ray_session, spawn, energon_dataset, tokenizer
+):
+    """The heap the loader finds is frozen, so Energon's full collections skip it: frozen at the
+    start (torch, transformers, Ray and the tokenizer), and more after the first batch."""
     ray = ray_session
     actor = spawn(train_spec(energon_dataset, batch_size=8, max_sequence_length=64), rank=0, world_size=1)
+
+    def frozen() -> int:
+        return ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()), timeout=TIMEOUT_S)
+
+    frozen_at_start = frozen()
+    assert frozen_at_start > 100_000
     zero_loss = handed = 0
     for _ in range(3):
         batch_ref, _state = actor.next_batch.remote()
         batch = ray.get(batch_ref, timeout=TIMEOUT_S)
         zero_loss += int((batch["loss_multiplier"] == 0).sum())
         handed += len(batch["source_ids"])
+        if handed == len(batch["source_ids"]):  # after the first batch
+            assert frozen() > frozen_at_start
     status = ray.get(actor.status.remote(), timeout=TIMEOUT_S)
     assert 0 < zero_loss < handed == 24  # a 64-token limit cuts some chitchat conversations, not all
     assert (status["handed_out_samples"], status["zero_loss_samples"]) == (handed, zero_loss)
     assert status["dropped_samples"] == 0 and status["skipped_samples"] == 0
-
-
-def test_the_heap_the_loader_finds_is_frozen_so_energons_full_collections_skip_it(ray_session, spawn, energon_dataset):
-    ray = ray_session
-    actor = spawn(train_spec(energon_dataset))
-    frozen_at_start = ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()), timeout=TIMEOUT_S)
-    assert frozen_at_start > 100_000  # torch, transformers, Ray and the tokenizer
-    ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)
-    assert ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()), timeout=TIMEOUT_S) > frozen_at_start

@@ -1,8 +1,10 @@
 """RankPool: the supervisor of the coordinator's and the feed's rank actors.
 
 Pure parts (names, death counting, checkpoint checks against real loader identities) without Ray;
-the pool itself on real local Ray with real loaders: readiness, calls with errors naming the rank,
-replacement counted against ``max_rank_restarts``, a rewind in place, restores, status, shutdown.
+the pool itself on real local Ray: readiness, calls with errors naming the rank, replacement counted
+against ``max_rank_restarts``, a rewind in place, restores, status, shutdown. The pool is the subject,
+not what its loaders read, so its ranks run the synthetic task (:data:`SYNTHETIC`: the same rank
+actors over loaders that import no torch, tokenizer or Energon, a fifth of an Energon rank's start).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from rl_data.distributed.rank_pool import (
     rank_actor_name,
     refuse_if_restore_failed,
 )
+from rl_data.tasks.synthetic import synthetic_loader_spec
+
+#: 3 batches of 2 per pass of 7 samples.
+SYNTHETIC = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=5, name="synthetic-rank-pool")
 
 
 def _identities(spec: LoaderSpec, config: RuntimeConfig, tokenizer) -> list[dict]:
@@ -141,15 +147,14 @@ def _run(coroutine):
 
 
 @pytest.mark.timeout(300)
-def test_the_pool_supervises_its_ranks(ray_session, energon_dataset):
+def test_the_pool_supervises_its_ranks(ray_session):
     """Readiness, calls, a death past the limit, a rewind in place, a restore, status and
     shutdown of a 2-rank pool driven from this process (as the coordinator drives it)."""
     from ray.util.placement_group import placement_group_table
 
     ray = ray_session
     config = runtime_config(2, 0, name="rank_pool_test", max_rank_restarts=1, step_timeout_s=1.0, injected_delay_s={1: 3.0})
-    spec = train_spec(energon_dataset)
-    pool = RankPool(config, spec, owner="coordinator")
+    pool = RankPool(config, SYNTHETIC, owner="coordinator")
 
     async def scenario():
         states = await pool.ready()

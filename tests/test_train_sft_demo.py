@@ -255,20 +255,22 @@ def test_tokenizer_and_task_prompts_reach_the_loader_spec(tokenizer, tmp_path):
 def test_demo_on_a_mixture_resumes_at_another_dp_size_with_the_same_global_batches(ray_session, tmp_path):
     from rl_data.jobs.sft_demo import run_demo
 
+    # 2 logical shards: one per DP rank in run 1, both on the one DP rank of run 2 (4 shards at DP 2, 1 and 4:
+    # test_elastic_resume.py)
     config = TrainDemoConfig(
-        work_dir=str(tmp_path / "work"), ranks=2, logical_shards=4, resume_ranks=1, mixture={"small": 0.7, "big": 0.3},
+        work_dir=str(tmp_path / "work"), ranks=2, logical_shards=2, resume_ranks=1, mixture={"small": 0.7, "big": 0.3},
         batch_size=2, seq_len=512, steps=3, resume_steps=2, num_conversations=64, namespace=NAMESPACE, progress=False,
     )  # fmt: skip
-    assert config.runtime_config(1).world_size == config.runtime_config(2).world_size == 4
+    assert config.runtime_config(1).world_size == config.runtime_config(2).world_size == 2
     assert (config.runtime_config(1).parallel_layout.dp, config.runtime_config(2).parallel_layout.dp) == (2, 1)
     out = io.StringIO()
     summary = run_demo(config, Console(file=out, width=200))
     assert summary.dataset.endswith("mixture.yaml") and summary.preprocessed
     assert summary.passed, out.getvalue()
     assert summary.verdict.startswith("PASS: the resumed run at another DP size (1 ranks) reproduced the global batch of all 2 steps")
-    # run 1 handed out 2 DP batches per step (2 shards each), the resumed run 1 batch of all 4 shards
+    # run 1 handed out 2 DP batches per step (a shard each), the resumed run 1 batch of both shards
     assert [len(step) for step in summary.reference_ids] == [2, 2] and [len(step) for step in summary.resumed_ids] == [1, 1]
     for reference, resumed in zip(summary.reference_ids, summary.resumed_ids):
-        assert sorted(i for rank in reference for i in rank) == sorted(resumed[0]) and len(resumed[0]) == 4 * 2
+        assert sorted(i for rank in reference for i in rank) == sorted(resumed[0]) and len(resumed[0]) == 2 * 2
     with pytest.raises(ValueError, match=r"parallel_layout.dp=3 does not divide the 4 logical data shards"):
         TrainDemoConfig(work_dir=str(tmp_path), ranks=2, logical_shards=4, resume_ranks=3)
