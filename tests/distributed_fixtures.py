@@ -64,9 +64,13 @@ def reference_batches(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, s
     return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: batch)
 
 
-def reference_states(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int) -> list[list[dict[str, Any]]]:
-    """``[step][rank] -> loader.state_dict()`` after that step's batch, read directly from the loaders."""
-    return _direct_run(spec, config, tokenizer, steps, lambda loader, batch: loader.state_dict())
+def reference_batches_and_states(
+    spec: LoaderSpec, config: RuntimeConfig, processor: Any, steps: int
+) -> tuple[list[list[Any]], list[list[dict[str, Any]]]]:
+    """``[step][rank] -> batch`` and ``[step][rank] -> loader.state_dict()`` after that step's batch
+    (what a rank actor hands out with it), from one direct read of the loaders."""
+    both = _direct_run(spec, config, processor, steps, lambda loader, batch: (batch, loader.state_dict()))
+    return [[batch for batch, _ in step] for step in both], [[state for _, state in step] for step in both]
 
 
 def origin_checkpoint(spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, like: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +261,6 @@ def cached_reference_stream(
 def reference_stream_and_states(
     spec: LoaderSpec, config: RuntimeConfig, tokenizer: Any, steps: int
 ) -> tuple[list[list[list[str]]], list[list[dict[str, Any]]]]:
-    """:func:`reference_stream` and :func:`reference_states` of the same ``steps`` from one read of
-    the loaders (``[step][rank] -> source ids``, ``[step][rank] -> state after that step's batch``)."""
-    both = _direct_run(spec, config, tokenizer, steps, lambda loader, batch: (list(batch["source_ids"]), loader.state_dict()))
-    return [[ids for ids, _ in step] for step in both], [[state for _, state in step] for step in both]
+    """:func:`reference_batches_and_states` with each batch's source ids (``[step][rank] -> ids``)."""
+    batches, states = reference_batches_and_states(spec, config, tokenizer, steps)
+    return [[list(batch["source_ids"]) for batch in step] for step in batches], states

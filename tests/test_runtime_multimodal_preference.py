@@ -20,13 +20,11 @@ import pytest
 import torch
 from PIL import Image
 
-from distributed_fixtures import TIMEOUT_S, running_coordinator, runtime_config
+from distributed_fixtures import TIMEOUT_S, reference_batches_and_states, running_coordinator, runtime_config
 from multimodal_fixtures import image_bytes, sft_record, user_turn, write_raw_dataset
 from restore_check import assert_resumes_from_every_state, record_steps
 from rl_data.distributed.client import CoordinatorClient
 from rl_data.distributed.config import LoaderSpec
-from rl_data.distributed.placement import config_layout, placement_fingerprint
-from rl_data.distributed.rank_actor import loader_builder
 from rl_data.energon.multimodal.task_encoders import load_default_multimodal_processor
 from rl_data.energon.sample_format import encode_sample
 from rl_data.packed_tensor import PackedTensor
@@ -98,29 +96,6 @@ def _spec(root, task_encoder: str, batch_format: str | None = None, **overrides:
     )
     args.update(overrides)
     return LoaderSpec(**args)
-
-
-def _reference(spec: LoaderSpec, config: Any, processor: Any, steps: int) -> tuple[list[list[Any]], list[dict]]:
-    """``[step][rank] -> batch`` of an uninterrupted run, read directly from the loaders (no Ray),
-    built as the rank actors build them; and ``[rank] -> loader state`` after the first
-    :data:`COMMITTED` batches (what the checkpoint of step COMMITTED holds)."""
-    build, fingerprint = loader_builder(spec), placement_fingerprint(config_layout(config))
-    per_rank, committed_states = [], []
-    for rank in range(config.world_size):
-        loader = build(spec, processor, logical_rank=rank, logical_world_size=config.world_size,
-                       placement_fingerprint=fingerprint)  # fmt: skip
-        batches, iterator = [], iter(loader)
-        while len(batches) < steps:
-            try:
-                batches.append(next(iterator))
-            except StopIteration:  # end of a virtual epoch: the stream continues
-                iterator = iter(loader)
-                continue
-            if len(batches) == COMMITTED:  # the state a rank actor hands out with that batch
-                committed_states.append(loader.state_dict())
-        loader.close()
-        per_rank.append(batches)
-    return [[per_rank[r][s] for r in range(config.world_size)] for s in range(steps)], committed_states
 
 
 def _take_steps(ray: Any, coordinator: Any, steps: int, *, commit: bool = True) -> list[list[Any]]:
@@ -236,8 +211,8 @@ def test_multimodal_restore_continues_the_uninterrupted_stream(ray_session, imag
     root, media = image_dataset
     spec = _spec(root, "vlm_sft", processor_factory=MULTIMODAL_FACTORY, **(PACKING if packing else {}))
     config = runtime_config(2, 1)
-    expected, committed_states = _reference(spec, config, processor, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, committed_states)
+    expected, states = reference_batches_and_states(spec, config, processor, COMMITTED + RESUMED)
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, states[COMMITTED - 1])
     _assert_same_steps(before, expected[: COMMITTED + 1], media_view)
     _assert_same_steps(after, expected[COMMITTED:], media_view)
     fetched = [batch for step in before + after for batch in step]
@@ -254,7 +229,7 @@ def test_nested_media_cross_the_object_store_zero_copy(ray_session, image_datase
     ray = ray_session
     root, _ = image_dataset
     spec = _spec(root, "vlm_sft", batch_format="message_log")  # media nested in the message logs
-    batch = _reference(spec, runtime_config(1, 0), processor, 1)[0][0][0]
+    batch = reference_batches_and_states(spec, runtime_config(1, 0), processor, 1)[0][0][0]
     buffers: list[pickle.PickleBuffer] = []
     stream = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
     tensors = [t for m in (m for log in batch["message_log"] for m in log) for t in _message_tensors(m)]
@@ -300,8 +275,8 @@ def preference_view(batch: Any) -> tuple[list, dict[str, torch.Tensor]]:
 def test_preference_restore_continues_the_uninterrupted_stream(ray_session, preference_dataset, tokenizer, tmp_path):
     ray = ray_session
     spec, config = _spec(preference_dataset, "preference"), runtime_config(2, 1)
-    expected, committed_states = _reference(spec, config, tokenizer, COMMITTED + RESUMED)
-    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, committed_states)
+    expected, states = reference_batches_and_states(spec, config, tokenizer, COMMITTED + RESUMED)
+    before, after = _run_interrupted(ray, spec, config, tmp_path / "ckpt", expected, states[COMMITTED - 1])
     _assert_same_steps(before, expected[: COMMITTED + 1], preference_view)
     _assert_same_steps(after, expected[COMMITTED:], preference_view)
     batch = after[-1][1]
