@@ -30,6 +30,7 @@ HEAVIEST_MODULES_FIRST = (
     "test_grpo_demo.py",
     "test_job_submit.py",
     "test_coordinator_rewind.py",
+    "test_readme_ray_train_example.py",
     "test_train_sft_demo.py",
     "test_chaos.py",
     "test_demo_data.py",

@@ -76,8 +76,9 @@ def _loader_ids(config: TrainDemoConfig, processor, steps: int) -> list[list[lis
     return [[per_rank[r][s] for r in range(runtime.world_size)] for s in range(steps)]
 
 
+@pytest.mark.slow  # the tasks through the runtime: test_runtime_multimodal_preference.py; task selection: above
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("task,packing", [pytest.param("vlm_sft", "first_fit_decreasing", marks=pytest.mark.slow), ("preference", None)])
+@pytest.mark.parametrize("task,packing", [("vlm_sft", "first_fit_decreasing"), ("preference", None)])
 def test_the_job_runs_the_task_and_proves_the_continuation(ray_session, tmp_path, task, packing):
     from rl_data.jobs.sft_demo import run_demo
     from rl_data.preprocess.pipeline import load_dataset_info

@@ -128,8 +128,8 @@ def test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged(ray_session
 @pytest.mark.timeout(180)
 def test_stalled_rank_times_out_naming_it_and_a_retry_does_not_skip(ray_session):
     """On the synthetic task (the subject is the coordinator's step timeout and its kept requests);
-    on Energon, :func:`test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again`
-    retries timed-out steps."""
+    :func:`test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again` retries
+    timed-out steps while a replacement catches up."""
     ray = ray_session
     config = runtime_config(2, 0, step_timeout_s=2.0, injected_delay_s={1: 6.0})
     expected = synthetic_reference_stream(SYNTHETIC_SPEC, config, 1)
@@ -173,14 +173,16 @@ def _next_step_retrying(ray, coordinator, tries: int = 30, **kwargs):
 
 
 @pytest.mark.timeout(240)
-def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session, energon_dataset, workers, expected):
-    # Issue 12 item 2: rank 1 needs 1.5 s a batch, the step timeout is 1 s. Killed with steps 2
-    # and 3 pending, its replacement times out re-producing step 2; the retries must finish
-    # the re-production (never hand out a batch of an actor that has not caught up).
+def test_a_replacement_that_times_out_is_finished_before_its_rank_serves_again(ray_session):
+    """Issue 12 item 2: rank 1 needs 1.5 s a batch, the step timeout is 1 s. Killed with steps 2
+    and 3 pending, its replacement times out re-producing step 2; the retries must finish the
+    re-production (never hand out a batch of an actor that has not caught up). On the synthetic
+    task: the subject is the coordinator's retries; a replacement re-producing Energon batches (with
+    workers) is :func:`test_killed_rank_actors_are_replaced_and_the_stream_is_unchanged`'s."""
     ray = ray_session
-    spec = train_spec(energon_dataset, workers)
     config = runtime_config(2, 2, step_timeout_s=1.0, injected_delay_s={1: 1.5})
-    with running_coordinator(ray, config, spec) as coordinator:
+    expected = synthetic_reference_stream(SYNTHETIC_SPEC, config, 6)
+    with running_coordinator(ray, config, SYNTHETIC_SPEC) as coordinator:
         taken = [_next_step_retrying(ray, coordinator) for _ in range(3)]
         ray.get(coordinator.commit.remote(1), timeout=TIMEOUT_S)
         _kill_rank(ray, coordinator, 1)

@@ -191,7 +191,27 @@ def _final_model(result) -> dict[str, torch.Tensor]:
 PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8}
 
 
-@pytest.mark.slow  # the README example (tests/test_readme_ray_train_example.py) is the default run's Ray Train test
+def test_a_run_trains_every_step_once_and_its_checkpoint_holds_the_data_state(ray_session, energon_dataset, tokenizer, vocab_size, tmp_path):
+    """The default run's Ray Train test (the failures and the README example run in CI): 1 worker, 4
+    steps, a checkpoint every 2. The worker trains the uninterrupted stream once, and Train's last
+    checkpoint holds the model trained on it and the data state of step 4."""
+    ray = ray_session
+    steps = 4
+    spec, config = train_spec(energon_dataset), runtime_config(1, 1, name="train_coordinator")
+    expected, batches = uninterrupted(spec, config, tokenizer, steps)
+    with running_coordinator(ray, config, spec) as coordinator:
+        result, log_dir = _fit(ray, tmp_path=tmp_path, name="plain", coordinator_config=config, steps=steps, every=2,
+                               max_failures=0, vocab_size=vocab_size)
+        progress = CoordinatorClient(coordinator, timeout_s=TIMEOUT_S).progress()
+    assert result.error is None
+    assert _check_exact(log_dir, expected, steps) == 1
+    assert progress["rewinds"] == 0 and progress["committed_step"] == steps
+    saved = data_state(result.checkpoint)
+    assert saved["step"] == steps and len(saved["ranks"]) == 1
+    assert torch.equal(_final_model(result)["weight"], replay_model(batches, vocab_size)["weight"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers,packed,prefetch_depth,failure",
     [(0, False, 1, {"raise_at": (5, 1)}), (2, True, 2, {"kill_at": (5, 0)})],

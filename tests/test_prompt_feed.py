@@ -711,6 +711,7 @@ def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, synth
 # -- the README's example, the default name, mixtures ----------------------------------------
 
 
+@pytest.mark.slow  # the README examples run as written in CI (--run-slow); their paths are the default run's other tests
 @pytest.mark.timeout(400)
 def test_the_readme_feed_example_runs_as_written(ray_session, tmp_path):
     """The feed of a config whose name was left at the default registers as ``DEFAULT_FEED_NAME``

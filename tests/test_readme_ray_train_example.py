@@ -14,6 +14,7 @@ from readme_examples import ran_readme_example
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file
 
 
+@pytest.mark.slow  # the README examples run as written in CI (--run-slow); their paths are the default run's other tests
 @pytest.mark.timeout(600)
 def test_the_readme_ray_train_example_trains_and_checkpoints_the_data(ray_session, tmp_path):
     import ray

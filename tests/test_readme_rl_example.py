@@ -6,6 +6,7 @@ import pytest
 from readme_examples import ran_readme_example
 
 
+@pytest.mark.slow  # the README examples run as written in CI (--run-slow); their paths are the default run's other tests
 @pytest.mark.timeout(600)
 def test_the_readme_rl_example_yields_datum_spec_batches(ray_session, tmp_path):
     with ran_readme_example("rl-example", tmp_path, "rl_prompts", "rl_example") as namespace:

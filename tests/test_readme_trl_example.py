@@ -7,6 +7,7 @@ from distributed_fixtures import TIMEOUT_S
 from readme_examples import ran_readme_example
 
 
+@pytest.mark.slow  # the README examples run as written in CI (--run-slow); their paths are the default run's other tests
 @pytest.mark.timeout(600)
 def test_the_readme_trl_example_trains_on_the_feed_and_checkpoints_it(ray_session, tmp_path):
     import ray
