@@ -149,7 +149,7 @@ def run(
             step_factor=settings.train_step_factor,
             save=(lambda: saved.save(loader.state_dict())) if restore else None,
         )
-    del batches
+    batches = None  # the iterator (and its workers) goes before the restore
     result["peak_memory_mb"] = memory.peak_mb
     result["cpu_layout"] = layout
     if not restore:

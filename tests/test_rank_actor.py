@@ -14,8 +14,10 @@ from rl_data.distributed.rank_actor import (
     DataExhaustedError,
     RankActor,
     RankRewoundError,
+    loader_builder,
 )
 from rl_data.energon.sft_dataloader import build_loader
+from rl_data.tasks.synthetic import load_stub_tokenizer, synthetic_loader_spec
 
 FINGERPRINT = "f" * 64
 #: The placement of the rank actors ``spawn`` starts, for loaders built directly (no Ray).
@@ -211,9 +213,10 @@ def test_a_rewound_rank_continues_after_the_state_it_was_given_at_every_step(
     assert status["pid"] == pid and status["activity"] != "rewinding"  # the same actor, not a new one
 
 
-def test_a_next_batch_waiting_at_a_rewind_raises_and_the_rank_serves_on(ray_session, spawn, energon_dataset, tokenizer):
+def test_a_next_batch_waiting_at_a_rewind_raises_and_the_rank_serves_on(ray_session, spawn):
+    """On the synthetic task: the subject is the rank's calls, whatever its loader reads."""
     ray = ray_session
-    spec = train_spec(energon_dataset)
+    spec = synthetic_loader_spec(batch_size=2, samples_per_rank=7, tokens_per_sample=5, name="synthetic-rank")
     actor = spawn(spec, prefetch_depth=0, injected_delay_s=2.0)
     initial = ray.get(actor.state_dict.remote(), timeout=TIMEOUT_S)
     waiting = actor.next_batch.remote()[0]
@@ -221,7 +224,8 @@ def test_a_next_batch_waiting_at_a_rewind_raises_and_the_rank_serves_on(ray_sess
     ray.get(actor.rewind.remote(initial), timeout=TIMEOUT_S)
     with pytest.raises(RankRewoundError, match=r"rank 0 was rewound while this next_batch waited; ask again"):
         ray.get(waiting, timeout=TIMEOUT_S)
-    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == _stream(spec, tokenizer, 1)[0]
+    first = loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=0, **OF_2)
+    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == list(next(iter(first))["source_ids"])
 
 
 def test_answers_status_state_and_shutdown_while_producing(ray_session, spawn, energon_dataset):
