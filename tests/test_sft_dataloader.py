@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -688,3 +692,26 @@ def test_module_exports_match_the_reference_api():
     assert sft_dataloader._identity_differences(saved, current) == ["a 1 -> 2"]
     assert sft_dataloader._brief("x" * 100) == "'" + "x" * 76 + "..."
     assert sft_dataloader._loader_config({"num_workers": 2}).num_workers == 2
+
+
+UNCLOSED_AT_EXIT = """
+import sys
+from energon_fixtures import make_loader
+from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
+
+loader = make_loader(sys.argv[1], load_qwen3_tokenizer(), workers=int(sys.argv[2]))
+next(iter(loader))
+print("leaving the loader open", flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_loader_left_open_at_interpreter_exit_prints_nothing(energon_dataset, workers):
+    """A script that never closes its loader ends cleanly: no "Exception ignored in __del__" from
+    a close() whose modules the interpreter already tore down."""
+    tests = Path(__file__).parent
+    result = subprocess.run([sys.executable, "-c", UNCLOSED_AT_EXIT, str(energon_dataset.path), str(workers)],
+                            capture_output=True, text=True, timeout=120, cwd=tests.parent,
+                            env={**os.environ, "PYTHONPATH": str(tests)})  # fmt: skip
+    assert result.returncode == 0 and "leaving the loader open" in result.stdout, result.stderr[-2000:]
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]

@@ -14,6 +14,7 @@ into one :class:`SampleFailureBudgetExceeded`.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
@@ -180,9 +181,15 @@ class EnergonSFTDataLoader:
     def __del__(self) -> None:
         # A loader dropped without close(): its workers stop now, while their queues are alive
         # (Energon's loader sits in a reference cycle: torch's clean-up at a later garbage
-        # collection finds the queues finalized and waits 5 s per worker).
-        if not getattr(self, "_closed", True):
+        # collection finds the queues finalized and waits 5 s per worker). At interpreter exit the
+        # modules close() calls may be torn down already; the end of the process stops the workers.
+        if getattr(self, "_closed", True):
+            return
+        try:
             self.close()
+        except Exception:
+            if not sys.is_finalizing():
+                raise
 
     def _require_open(self) -> None:
         if self._closed:
