@@ -60,7 +60,7 @@ def coordinator(shared_coordinator):
 RESTARTED_JOB = (0, 2, 0)
 
 
-@pytest.mark.parametrize("prefetch_depth,world_size,workers", [RESTARTED_JOB, pytest.param(1, 3, 0, marks=pytest.mark.slow), pytest.param(4, 4, 0, marks=pytest.mark.slow), (1, 2, 2)])
+@pytest.mark.parametrize("prefetch_depth,world_size,workers", [RESTARTED_JOB, pytest.param(1, 3, 0, marks=pytest.mark.slow), pytest.param(4, 4, 0, marks=pytest.mark.slow), pytest.param(1, 2, 2, marks=pytest.mark.slow)])
 def test_restore_continues_exactly_after_the_committed_step(ray_session, energon_dataset, tokenizer, tmp_path, prefetch_depth, world_size, workers):
     """A checkpoint file saved with steps pending (handed out, prefetched, never committed), and the
     checkpoint of every step, restored into the live coordinator: each continues exactly. The
