@@ -224,8 +224,10 @@ def test_a_next_batch_waiting_at_a_rewind_raises_and_the_rank_serves_on(ray_sess
     ray.get(actor.rewind.remote(initial), timeout=TIMEOUT_S)
     with pytest.raises(RankRewoundError, match=r"rank 0 was rewound while this next_batch waited; ask again"):
         ray.get(waiting, timeout=TIMEOUT_S)
-    first = loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=0, **OF_2)
-    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == list(next(iter(first))["source_ids"])
+    direct = loader_builder(spec)(spec, load_stub_tokenizer(), logical_rank=0, **OF_2)
+    first = list(next(iter(direct))["source_ids"])
+    direct.close()
+    assert list(ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)["source_ids"]) == first
 
 
 def test_answers_status_state_and_shutdown_while_producing(ray_session, spawn, energon_dataset):

@@ -178,17 +178,18 @@ class EnergonSFTDataLoader:
             self._stream.close()
         self._loader.close()
 
-    def __del__(self) -> None:
+    def __del__(self, _is_finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # A loader dropped without close(): its workers stop now, while their queues are alive
         # (Energon's loader sits in a reference cycle: torch's clean-up at a later garbage
         # collection finds the queues finalized and waits 5 s per worker). At interpreter exit the
-        # modules close() calls may be torn down already; the end of the process stops the workers.
+        # modules close() calls may be torn down already (their globals None, this module's too:
+        # hence the default argument); the end of the process stops the workers.
         if getattr(self, "_closed", True):
             return
         try:
             self.close()
         except Exception:
-            if not sys.is_finalizing():
+            if not _is_finalizing():
                 raise
 
     def _require_open(self) -> None:
