@@ -20,8 +20,10 @@ import torch
 
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.energon.task_encoders.packing import build_pack, collate_packs, select_packs
-from rl_data.packing import SequencePacker
-from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors, truncate_message_log
+from rl_data.packing.algorithms import SequencePacker
+from rl_data.tokenization.flatten import sft_batch_tensors
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
+from rl_data.tokenization.truncation import truncate_message_log
 from rl_data.tokenization.validation import validate_messages
 
 TRAINED_ROLES = ["assistant"]

@@ -21,7 +21,7 @@ from benchmarks.settings import BenchSettings
 from benchmarks.workload import Workload
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-from rl_data.tokenization import load_qwen3_tokenizer
+from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
 PLACEMENT = "benchmark-placement"
 #: Batches per virtual epoch: more than any run consumes (Energon builds a list of this length).

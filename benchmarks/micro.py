@@ -25,18 +25,17 @@ import torch
 
 from benchmarks.settings import BenchSettings
 from benchmarks.workload import conversations
-from rl_data.packing import PackingAlgorithm, get_packer, packing_metrics
+from rl_data.packing.algorithms import PackingAlgorithm, get_packer
+from rl_data.packing.metrics import packing_metrics
 from rl_data.tokenization.fast_encode import text_encoder
-from rl_data.tokenization import (
-    TEMPLATE_FAMILIES,
+from rl_data.tokenization.chat import (
     formatting_path,
     get_formatted_message_log,
     get_formatted_message_log_reference,
     get_truncated_formatted_message_log,
-    message_log_length,
-    tokenizer_with_template,
-    truncate_message_log,
 )
+from rl_data.tokenization.templates import TEMPLATE_FAMILIES, tokenizer_with_template
+from rl_data.tokenization.truncation import message_log_length, truncate_message_log
 
 RAW_BATCH = 32
 TRUNCATION_ROUNDS = 2

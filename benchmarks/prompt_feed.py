@@ -212,7 +212,7 @@ def run(*, quick: bool, out: Path, log: Any = print) -> dict[str, Any]:
     import torch
 
     from benchmarks.prompt_sources import FeedSource, LoaderSource, PromptDataset, prompt_samples, write_prompt_dataset
-    from rl_data.tokenization import load_qwen3_tokenizer
+    from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)

@@ -123,7 +123,7 @@ def _categories(threads: dict[int, tuple[str, collections.Counter]]) -> dict[str
 def _sample(workload: Any, settings: Any, packing: bool) -> tuple[Any, dict[str, Any]]:
     """A steady-state batch of contender b's loader and the (deferred) state after it."""
     from benchmarks.energon_bare import loader_kwargs
-    from rl_data.distributed import LoaderSpec
+    from rl_data.distributed.config import LoaderSpec
     from rl_data.energon.sft_dataloader import build_loader
 
     kwargs = loader_kwargs(workload, settings, packing=packing)

@@ -31,8 +31,8 @@ class ChatEncoder:
 
     def __init__(self, settings_json: str, packing: bool) -> None:
         from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-        from rl_data.packing import get_packer
-        from rl_data.tokenization import load_qwen3_tokenizer
+        from rl_data.packing.algorithms import get_packer
+        from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
         self.settings = BenchSettings.model_validate_json(settings_json)
         self.adapter = ProcessorAdapter(load_qwen3_tokenizer(), self.settings.max_sequence_length)

@@ -30,7 +30,7 @@ NAMESPACE = "rl_data_bench"
 
 
 def _dataset(conversations: int) -> str:
-    from rl_data.preprocess import PreprocessConfig, run_preprocess
+    from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
     from rl_data.sample_data import chitchat_conversations
 
     root = Path(os.environ.get("RL_DATA_CACHE", Path.home() / ".cache" / "rl_data")) / "bench-rewind" / str(conversations)
@@ -45,7 +45,7 @@ def _dataset(conversations: int) -> str:
 
 
 def _config(ranks: int, packed: bool, dataset: str) -> tuple[Any, Any]:
-    from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig
+    from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 
     energon: dict[str, Any] = {"shuffle_buffer_size": 32}
     extra: dict[str, Any] = {}
@@ -70,7 +70,7 @@ def _first_step_ids(client: Any) -> list[list[str]]:
 def _stop(handle: Any) -> None:
     import ray
 
-    from rl_data.distributed import wait_until_name_is_free
+    from rl_data.distributed.client import wait_until_name_is_free
 
     ray.get(handle.shutdown.remote(), timeout=300)
     ray.kill(handle, no_restart=True)
@@ -79,7 +79,8 @@ def _stop(handle: Any) -> None:
 
 def measure(ranks: int, packed: bool, repeats: int, dataset: str) -> dict[str, Any]:
     """Median seconds of each way back to step 2, to the first step's batches after it."""
-    from rl_data.distributed import CoordinatorClient, start_data_coordinator
+    from rl_data.distributed.client import CoordinatorClient
+    from rl_data.distributed.coordinator import start_data_coordinator
 
     config, spec = _config(ranks, packed, dataset)
     handle = start_data_coordinator(config, spec)

@@ -42,7 +42,7 @@ class CoordinatorConsumer:
 
     def __init__(self, settings_json: str, vlm: bool = False) -> None:
         from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-        from rl_data.tokenization import load_qwen3_tokenizer
+        from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
         self.settings = BenchSettings.model_validate_json(settings_json)
         self.vlm = vlm
@@ -71,7 +71,7 @@ class CoordinatorConsumer:
     def measure(self, coordinator: Any, start_wall: float, checkpoint_dir: str | None) -> dict[str, Any]:
         import ray
 
-        from rl_data.distributed import StepPrefetcher
+        from rl_data.distributed.step_prefetcher import StepPrefetcher
 
         start = time.perf_counter() - (time.time() - start_wall)
         timeout = self.settings.ray_timeout_s
@@ -109,7 +109,8 @@ def rank_cpus(settings: BenchSettings, ranks: int, workers: int) -> float:
 def _start(
     workload: Workload | VlmWorkload, settings: BenchSettings, *, packing: bool, ranks: int, name: str, workers: int = 0
 ) -> Any:
-    from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig, start_data_coordinator
+    from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
+    from rl_data.distributed.coordinator import start_data_coordinator
 
     if isinstance(workload, VlmWorkload):
         from benchmarks.vlm import loader_kwargs as vlm_loader_kwargs

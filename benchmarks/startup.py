@@ -52,7 +52,7 @@ def _phases(packed: bool, before: bool) -> dict[str, Any]:
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
-        from rl_data.tokenization import load_qwen3_tokenizer
+        from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
         tokenizer = load_qwen3_tokenizer()
     lap("load tokenizer")
@@ -60,7 +60,7 @@ def _phases(packed: bool, before: bool) -> dict[str, Any]:
 
     (full_vocab_fingerprint if before else vocab_fingerprint)(tokenizer)
     lap("vocabulary fingerprint")
-    from rl_data.tasks import get_task, registered_tasks
+    from rl_data.task_registry import get_task, registered_tasks
 
     if before:
         registered_tasks()

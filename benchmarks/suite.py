@@ -56,7 +56,7 @@ def run_suite(
     # torch.full spins ~10 ms instead of 10 us (DataLoader workers and Ray actors already use 1)
     torch.set_num_threads(1)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    from rl_data.tokenization import load_qwen3_tokenizer
+    from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
     started = time.time()
     load_before = os.getloadavg()

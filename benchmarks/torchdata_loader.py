@@ -35,8 +35,8 @@ from benchmarks.settings import BenchSettings
 from benchmarks.vlm import VlmSampleEncoder, VlmWorkload, touch_media
 from benchmarks.workload import Workload
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-from rl_data.packing import get_packer
-from rl_data.tokenization import load_qwen3_tokenizer
+from rl_data.packing.algorithms import get_packer
+from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 
 
 class JsonlChatDataset(Dataset):

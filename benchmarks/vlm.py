@@ -223,7 +223,7 @@ class VlmSampleEncoder:
         from rl_data.energon.multimodal.task_encoders.processor import load_default_multimodal_processor
         from rl_data.energon.multimodal.task_encoders.vlm_sft import MultimodalChatCooker, VLMSFTTaskEncoder
         from rl_data.energon.task_encoders.adapter import ProcessorAdapter
-        from rl_data.tasks import get_task
+        from rl_data.task_registry import get_task
 
         task = get_task("vlm_sft")
         data_config = validate_data_config({"energon": energon_block(settings, 0), "shuffle": True})

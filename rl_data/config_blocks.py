@@ -8,6 +8,22 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 
+class ConfigError(ValueError):
+    """A configuration refused on the driver, before any actor or Ray task starts.
+
+    ``problems`` lists every problem found, each naming the value, what was expected and the fix;
+    the message holds them all, one per line.
+    """
+
+    def __init__(self, subject: str, problems: list[str]) -> None:
+        self.subject, self.problems = subject, list(problems)
+        count = f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
+        super().__init__(f"{subject}: {count}\n" + "\n".join(f"  - {problem}" for problem in self.problems))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (a Ray task's error) with its fields
+        return type(self), (self.subject, self.problems)
+
+
 def describe_errors(error: Any) -> str:
     """Every problem of a pydantic ``ValidationError`` as ``field=value: rule`` (a validator's own
     ``ValueError`` as its message alone), joined by ``; ``."""

@@ -27,6 +27,20 @@ VLMMessageLogType = list[dict[str, str | torch.Tensor | PackedTensor]]
 FlatMessagesType = dict[str, list[str] | torch.Tensor]
 PathLike = Union[str, "os.PathLike[Any]"]
 
+__all__ = [
+    "DatumSpec",
+    "FlatMessagesType",
+    "LLMMessageLogType",
+    "NemoGymSourceIdentity",
+    "PathLike",
+    "PreferenceDatumSpec",
+    "TaskDataPreProcessFnCallable",
+    "TaskDataProcessFnCallable",
+    "TaskDataSpec",
+    "TokenizerType",
+    "VLMMessageLogType",
+]
+
 
 def __getattr__(name: str) -> Any:
     if name == "TokenizerType":

@@ -45,7 +45,7 @@ def registered_tasks() -> dict[str, Task]:
 def register_task(task: Task) -> Task:
     """Register ``task`` under its name (again registering the same object is a no-op)."""
     if not isinstance(task, Task):
-        raise TypeError(f"register_task expects a rl_data.tasks.Task, got {type(task).__name__}")
+        raise TypeError(f"register_task expects a rl_data.Task, got {type(task).__name__}")
     existing = _TASKS.get(task.name)
     if existing is not None and existing is not task:
         raise ValueError(f"a different task is already registered as {task.name!r}; pick another name")
@@ -66,12 +66,12 @@ def get_task(name: str) -> Task:
             return tasks[name]
         raise ValueError(
             f"unknown task {name!r}; registered tasks are {sorted(tasks)}, or give an import "
-            "path 'package.module:ATTRIBUTE' of a rl_data.tasks.Task"
+            "path 'package.module:ATTRIBUTE' of a rl_data.Task"
         )
     # an import path: the built-in tasks are not imported (a rank actor of this task needs none)
     task = load_object(name, "task")
     if not isinstance(task, Task):
-        raise ValueError(f"{name!r} is a {type(task).__name__}, not a rl_data.tasks.Task")
+        raise ValueError(f"{name!r} is a {type(task).__name__}, not a rl_data.Task")
     return register_task(task)  # its stored kind is known in this process from now on
 
 

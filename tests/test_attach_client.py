@@ -30,7 +30,7 @@ from distributed_fixtures import (
     synthetic_reference_stream,
     wait_for,
 )
-from rl_data.distributed import CoordinatorClient, CoordinatorNotFoundError, attach
+from rl_data.distributed.client import CoordinatorClient, CoordinatorNotFoundError, attach
 from rl_data.tasks.synthetic import synthetic_loader_spec
 
 #: 3 batches of 2 per pass (7 samples per rank, one dropped per pass): the tests' 6 steps cross pass ends.
@@ -59,7 +59,7 @@ def shared_coordinator(ray_session, _shared) -> Any:
 _RL_LOOP = textwrap.dedent(
     """
     import json, sys
-    from rl_data.distributed import CoordinatorNotFoundError, attach
+    from rl_data import CoordinatorNotFoundError, attach
 
     address, name, namespace = sys.argv[1:4]
     feed = attach(name, namespace, address, timeout_s=60)

@@ -11,7 +11,9 @@ from energon_fixtures import make_loader
 
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.energon.task_encoders.collate import padded_sft_tensors
-from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors, truncate_message_log
+from rl_data.tokenization.flatten import sft_batch_tensors
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
+from rl_data.tokenization.truncation import truncate_message_log
 
 
 def _trainer_side(logs, multipliers, pad_token_id, pad_multiple, only_unmask_final):

@@ -11,7 +11,7 @@ from rich.console import Console
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 from rl_data.jobs.config import TrainDemoConfig
 from rl_data.demo_data import COLORS, preference_rows, shape_picture, shape_question_row, write_shape_question_rows
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 
 NAMESPACE = "rl_data_task_tests"
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from rl_data.tokenization import chat, get_formatted_message_log
+from rl_data.tokenization import chat
+from rl_data.tokenization.chat import get_formatted_message_log
 from rl_data.tokenization import fast_encode as fe
 from rl_data.tokenization.tokenizer_cache import read_entry
 

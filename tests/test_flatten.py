@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from rl_data.batched_data_dict import BatchedDataDict
-from rl_data.tokenization import (
-    add_loss_mask_to_message_log,
+from rl_data.tokenization.chat import get_formatted_message_log
+from rl_data.tokenization.flatten import (
     batched_message_log_to_flat_message,
-    get_formatted_message_log,
     message_log_to_flat_messages,
     sft_batch_tensors,
-    truncate_message_log,
 )
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
+from rl_data.tokenization.truncation import truncate_message_log
 
 
 def two_conversations():

@@ -17,7 +17,7 @@ import pytest
 from preprocess_fixtures import hostile_rows, read_quarantine, read_shards, write_jsonl
 
 from rl_data.energon.dataset_writer import SplitAssigner, min_samples_for_splits
-from rl_data.preprocess import PreprocessConfig, run_preprocess
+from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 from rl_data.preprocess.adapters import openai_messages, resolve_adapter, sharegpt
 from rl_data.preprocess.pipeline import check_job, load_dataset_info
 from rl_data.preprocess.readers import resolve_inputs, stream_file_rows

@@ -42,7 +42,8 @@ from rl_data.integrations.trl import (
 )
 from rl_data.preprocess.adapters import resolve_adapter
 from rl_data.prompt_data import arithmetic_word_problems
-from rl_data.prompt_feed import TakenPrompt, Uid
+from rl_data.prompt_feed.ledger import TakenPrompt
+from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
 from rl_data.rewards import ground_truth_from_gsm8k_answer, math_reward
 

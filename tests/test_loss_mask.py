@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_data.tokenization import add_loss_mask_to_message_log, get_formatted_message_log
+from rl_data.tokenization.chat import get_formatted_message_log
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
 
 
 def make_log(*roles_and_lengths):

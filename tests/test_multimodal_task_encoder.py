@@ -39,7 +39,7 @@ from rl_data.energon.multimodal.task_encoders.media import check_media_decodable
 from rl_data.energon.multimodal.task_encoders.vlm_sft import expand_media
 from rl_data.energon.sample_format import encode_sample, media_references
 from rl_data.energon.task_encoders import ProcessorAdapter
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 from rl_data.interfaces import TaskDataSpec
 from rl_data.packed_tensor import PackedTensor
 from rl_data.tokenization.vision_tokens import with_media_tokens

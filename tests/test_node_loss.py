@@ -13,7 +13,8 @@ import shutil
 import pytest
 
 from distributed_fixtures import TIMEOUT_S, ids_of, reference_stream, runtime_config, train_spec
-from rl_data.distributed import CoordinatorClient, DataCoordinator, RankTimeoutError
+from rl_data.distributed.client import CoordinatorClient
+from rl_data.distributed.coordinator import DataCoordinator, RankTimeoutError
 from rl_data.distributed.placement import placement_group_name
 
 pytestmark = [pytest.mark.own_cluster, pytest.mark.slow]

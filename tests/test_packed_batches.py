@@ -10,7 +10,7 @@ from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.energon.task_encoders import ChatSFTTaskEncoder, EncodedSFTSample, ProcessorAdapter
 from rl_data.energon.task_encoders.packing import build_pack, collate_packs, select_packs
 from rl_data.packed_tensor import PackedTensor
-from rl_data.packing import get_packer
+from rl_data.packing.algorithms import get_packer
 
 PAD = 99
 

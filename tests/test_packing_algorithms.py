@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl_data.packing import (
+from rl_data.packing.algorithms import (
     BalancedGreedyKnapsackPacker,
     PackingAlgorithm,
     get_packer,
-    packing_metrics,
     padded_length,
 )
+from rl_data.packing.metrics import packing_metrics
 
 ALGORITHMS = [algorithm.value for algorithm in PackingAlgorithm]
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rl_data.packing import PackingTotals, packing_metrics
+from rl_data.packing.metrics import PackingTotals, packing_metrics
 
 
 def test_pinned_packing_with_padding():

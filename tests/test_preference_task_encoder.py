@@ -14,7 +14,7 @@ from energon_fixtures import make_loader
 from restore_check import assert_restores_at_every_step
 from rl_data.energon.sample_format import encode_sample
 from rl_data.energon.task_encoders import ProcessorAdapter
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 from rl_data.energon.task_encoders.preference import PreferenceTaskEncoder
 
 MAX_LEN = 256

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 
-from rl_data.tokenization import chat, get_formatted_message_log, truncate_message_log
+from rl_data.tokenization import chat
+from rl_data.tokenization.chat import get_formatted_message_log
+from rl_data.tokenization.truncation import truncate_message_log
 from rl_data.tokenization import prefix_encoding as pe
 from rl_data.tokenization.chat import get_truncated_formatted_message_log
 from rl_data.tokenization.fast_encode import text_encoder

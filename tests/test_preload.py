@@ -21,7 +21,7 @@ import pytest
 
 from distributed_fixtures import TIMEOUT_S, reference_stream, train_spec
 from ray_head import private_ray_dir
-from rl_data.distributed import LoaderSpec, ParallelLayout, RuntimeConfig
+from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
 
 STACK = ["torch", "megatron.energon", "transformers", "rl_data.energon.sft_dataloader", "rl_data.tasks.chat_sft"]
 
@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent(
     """
     import json, sys, time
     import psutil, ray
-    from rl_data.distributed import LoaderSpec, RuntimeConfig, start_data_coordinator
+    from rl_data import LoaderSpec, RuntimeConfig, start_data_coordinator
     from rl_data.distributed.preload import SYSTEM_CONFIG
 
     temp_dir, runs, stack = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
@@ -168,9 +168,9 @@ def test_preload_imports_what_a_rank_actor_needs_before_its_first_batch(energon_
     spec = packed_spec(energon_dataset, {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_buffer_size": 8})
     code = (
         "import json, sys, rl_data.distributed.preload; before = set(sys.modules)\n"
-        "from rl_data.distributed import LoaderSpec\n"
+        "from rl_data import LoaderSpec\n"
         "from rl_data.energon.sft_dataloader import build_energon_sft_loader\n"
-        "from rl_data.tokenization import load_qwen3_tokenizer\n"
+        "from rl_data import load_qwen3_tokenizer\n"
         "spec = LoaderSpec.model_validate_json(sys.argv[1])\n"
         "loader = build_energon_sft_loader(**spec.builder_kwargs(), processor=load_qwen3_tokenizer(),\n"
         "    logical_rank=0, logical_world_size=1, placement_fingerprint='preload-test')\n"

@@ -26,7 +26,7 @@ from preprocess_fixtures import read_quarantine
 from rl_data.energon.multimodal.task_encoders import build_multimodal_processor
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.interfaces import TaskDataSpec
-from rl_data.preprocess import PreprocessConfig, run_preprocess
+from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 from rl_data.preprocess.adapters import sharegpt
 from rl_data.preprocess.media import resolve_media, sniff_extension
 from rl_data.preprocess.pipeline import load_dataset_info

@@ -10,7 +10,7 @@ from preprocess_fixtures import write_jsonl
 from typer.testing import CliRunner
 
 from rl_data.cli import app
-from rl_data.preprocess import PreprocessConfig
+from rl_data.preprocess.pipeline import PreprocessConfig
 from rl_data.preprocess.mixture import MIXTURE_FILE, inputs_by_member, parse_mixture, run_mixture_preprocess
 
 pytestmark = pytest.mark.timeout(300)

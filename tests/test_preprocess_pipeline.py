@@ -10,7 +10,7 @@ import pytest
 from preprocess_fixtures import GSM8K_ROW, read_quarantine, read_shards, write_jsonl
 
 from rl_data.energon import dataset_writer
-from rl_data.preprocess import PreprocessConfig, run_preprocess
+from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 from rl_data.preprocess.pipeline import load_dataset_info
 from rl_data.preprocess.transform import sample_key, token_length
 

@@ -48,7 +48,8 @@ from rl_data.energon.dataset_writer import write_energon_dataset
 from rl_data.energon.sample_format import encode_sample
 from rl_data.preprocess.adapters import resolve_adapter
 from rl_data.prompt_data import arithmetic_word_problems
-from rl_data.prompt_feed import Uid, UidStateError
+from rl_data.prompt_feed.ledger import UidStateError
+from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.client import attach_feed
 from rl_data.prompt_feed.feed import FeedConfig, check_prompt_spec, start_prompt_feed
 from rl_data.tasks.synthetic import STUB_TOKENIZER_PATH, load_stub_tokenizer, synthetic_loader_spec

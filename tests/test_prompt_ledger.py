@@ -15,7 +15,8 @@ from collections import Counter
 
 import pytest
 
-from rl_data.prompt_feed import PASS_END, Item, PromptLedger, Uid, UidStateError
+from rl_data.prompt_feed.ledger import PromptLedger, UidStateError
+from rl_data.prompt_feed.merge import PASS_END, Item, Uid
 
 
 class ListProducer:

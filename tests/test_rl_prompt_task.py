@@ -22,7 +22,7 @@ from rl_data.interfaces import DatumSpec
 from rl_data.preprocess.adapters import detect_adapter, resolve_adapter
 from rl_data.preprocess.validation import RowRejected, validate_sample
 from rl_data.prompt_data import arithmetic_word_problems
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 from rl_data.tasks.rl_prompt import RLPromptSample
 
 MAX_LEN = 160
@@ -286,7 +286,7 @@ def test_packing_is_refused(tokenizer):
 
 @pytest.mark.timeout(300)
 def test_preprocess_writes_prompts_and_quarantines_rows_without_an_answer(ray_session, tmp_path):
-    from rl_data.preprocess import PreprocessConfig, run_preprocess
+    from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 
     rows = arithmetic_word_problems(20) + [{"question": "How many pens?", "answer": "She keeps 3 pens."}]
     write_jsonl(tmp_path / "gsm8k.jsonl", rows)

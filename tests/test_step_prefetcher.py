@@ -10,7 +10,7 @@ import time
 import pytest
 
 from distributed_fixtures import TIMEOUT_S, cached_reference_stream, consume, shared_train_coordinator
-from rl_data.distributed import StepPrefetcher
+from rl_data.distributed.step_prefetcher import StepPrefetcher
 
 
 def source_ids(batches):

@@ -22,7 +22,7 @@ from rl_data.energon.task_encoders import (
     ChatSFTTaskEncoder,
     ProcessorAdapter,
 )
-from rl_data.tasks import get_task
+from rl_data.task_registry import get_task
 
 PINNED_MESSAGES = [
     {"role": "user", "content": "Hello assistant"},

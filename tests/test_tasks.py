@@ -17,7 +17,7 @@ from rl_data.energon.sft_dataloader import build_energon_sft_loader
 from rl_data.energon.task_encoders.adapter import ProcessorAdapter
 from rl_data.interfaces import TaskDataSpec
 from rl_data.preprocess.validation import RowRejected, known_reasons, validate_sample
-from rl_data.tasks import get_task, register_task, registered_tasks, sample_schemas, schema_for_kind
+from rl_data.task_registry import get_task, register_task, registered_tasks, sample_schemas, schema_for_kind
 from rl_data.tokenization.chat import apply_task_data_spec
 from rl_data.tokenization.validation import TrustedText
 
@@ -41,7 +41,7 @@ def test_a_loader_decoding_its_samples_imports_only_its_task():
     RL task imports the runtime, math-verify, ...: a third of an Energon worker's start)."""
     script = (
         "import sys\n"
-        "from rl_data.tasks import get_task\n"
+        "from rl_data.task_registry import get_task\n"
         "from rl_data.energon.sample_format import decode_sample, encode_sample\n"
         "get_task('chat_sft')\n"
         "members = encode_sample({'kind': 'sft', 'messages': [{'role': 'user', 'content': 'hi'}]})\n"
@@ -58,7 +58,7 @@ def test_lookup_errors_name_the_choices(builtin_tasks_only):
         get_task("sft")
     with pytest.raises(ValueError, match=r"^cannot import task 'no_such_module_xyz:TASK': No module named"):
         get_task("no_such_module_xyz:TASK")
-    with pytest.raises(ValueError, match=r"^'toy_task:ToyConfig' is a ModelMetaclass, not a rl_data.tasks.Task"):
+    with pytest.raises(ValueError, match=r"^'toy_task:ToyConfig' is a ModelMetaclass, not a rl_data.Task"):
         get_task("toy_task:ToyConfig")
     with pytest.raises(ValueError, match=r"^sample kind 'qa' is not one of \['preference', 'rl_prompt', 'sft'"):
         schema_for_kind("qa")
@@ -91,7 +91,7 @@ def test_misspelt_keys_fail_on_the_driver_naming_the_field():
 
 @pytest.fixture(scope="module")
 def toy_dataset(tmp_path_factory, ray_session):
-    from rl_data.preprocess import PreprocessConfig, run_preprocess
+    from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 
     root = tmp_path_factory.mktemp("toy")
     rows = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(40)] + [{"q": "Colour of sky?", "a": "blue"}]

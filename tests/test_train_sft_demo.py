@@ -122,7 +122,8 @@ def _message_log_batch(batch, tokenizer, config):
 
 @pytest.mark.parametrize("batch_format", ["tensors", "message_log"])
 def test_training_actor_flattens_message_logs_and_reports_what_it_consumed(ray_session, energon_dataset, tokenizer, tmp_path, batch_format):
-    from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors
+    from rl_data.tokenization.flatten import sft_batch_tensors
+    from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
 
     config = TrainDemoConfig(data=energon_dataset.path, work_dir=str(tmp_path), ranks=1, batch_size=3, seq_len=256)
     tensors_batch = loader_batches(config, tokenizer, 1)[0][0]

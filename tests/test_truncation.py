@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_data.tokenization import (
-    add_loss_mask_to_message_log,
-    get_formatted_message_log,
-    message_log_length,
-    truncate_message_log,
-)
+from rl_data.tokenization.chat import get_formatted_message_log
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
+from rl_data.tokenization.truncation import message_log_length, truncate_message_log
 
 
 def make_log(*lengths):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_data.tokenization import load_qwen3_tokenizer
+from rl_data.tokenization.tokenizer import load_qwen3_tokenizer
 from rl_data.tokenization.vocab_fingerprint import full_vocab_fingerprint, vocab_fingerprint
 
 

@@ -17,7 +17,7 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from rl_data.energon.sample_validation import RowRejected
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder, EncodedSFTSample
 from rl_data.energon.task_encoders.cookers import decode_record
-from rl_data.tasks import AdapterSpec, SampleSchema, Task, TaskConfig
+from rl_data.task_contract import AdapterSpec, SampleSchema, Task, TaskConfig
 
 
 def toy_adapter(row: dict[str, Any]) -> dict[str, Any]:

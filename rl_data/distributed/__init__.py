@@ -4,75 +4,39 @@ Importing it does not import torch (the coordinator process starts faster withou
 torch-based ``batch_to_device`` and ``fetch_batch`` load on first use.
 """
 
-from typing import Any
+from rl_data._moved import moved_names as _moved_names
 
-from rl_data.distributed.checkpoint_files import (
-    CheckpointFileError,
-    checkpoint_path,
-    load_checkpoint_file,
-    save_checkpoint_file,
+# Former re-exports (see rl_data/_moved.py).
+__getattr__ = _moved_names(
+    __name__,
+    {
+        "CheckpointFileError": "rl_data",
+        "CoordinatorClient": "rl_data",
+        "CoordinatorNotFoundError": "rl_data",
+        "DataCoordinator": "rl_data.distributed.coordinator",
+        "DataExhaustedError": "rl_data",
+        "LoaderSpec": "rl_data",
+        "ParallelLayout": "rl_data",
+        "RankActor": "rl_data.distributed.rank_actor",
+        "RankFailedError": "rl_data",
+        "RankPlacement": "rl_data.distributed.placement",
+        "RankPool": "rl_data.distributed.rank_pool",
+        "RankTimeoutError": "rl_data",
+        "RestoreIncompleteError": "rl_data",
+        "RuntimeConfig": "rl_data",
+        "StepPrefetcher": "rl_data",
+        "adopt_placement_group": "rl_data.distributed.placement",
+        "attach": "rl_data",
+        "batch_to_device": "rl_data",
+        "checkpoint_path": "rl_data.distributed.checkpoint_files",
+        "create_rank_placement": "rl_data.distributed.placement",
+        "fetch_batch": "rl_data",
+        "get_coordinator": "rl_data",
+        "load_checkpoint_file": "rl_data.distributed.checkpoint_files",
+        "placement_fingerprint": "rl_data.distributed.placement",
+        "placement_layout": "rl_data.distributed.placement",
+        "save_checkpoint_file": "rl_data.distributed.checkpoint_files",
+        "start_data_coordinator": "rl_data",
+        "wait_until_name_is_free": "rl_data.distributed.client",
+    },
 )
-from rl_data.distributed.client import (
-    CoordinatorClient,
-    CoordinatorNotFoundError,
-    attach,
-    get_coordinator,
-    wait_until_name_is_free,
-)
-from rl_data.distributed.config import LoaderSpec, ParallelLayout, RuntimeConfig
-from rl_data.distributed.coordinator import (
-    DataCoordinator,
-    RankFailedError,
-    RankTimeoutError,
-    RestoreIncompleteError,
-    start_data_coordinator,
-)
-from rl_data.distributed.placement import (
-    RankPlacement,
-    adopt_placement_group,
-    create_rank_placement,
-    placement_fingerprint,
-    placement_layout,
-)
-from rl_data.distributed.rank_actor import DataExhaustedError, RankActor
-from rl_data.distributed.rank_pool import RankPool
-from rl_data.distributed.step_prefetcher import StepPrefetcher
-
-__all__ = [
-    "CheckpointFileError",
-    "CoordinatorClient",
-    "CoordinatorNotFoundError",
-    "DataCoordinator",
-    "DataExhaustedError",
-    "LoaderSpec",
-    "ParallelLayout",
-    "RankActor",
-    "RankFailedError",
-    "RankPlacement",
-    "RankPool",
-    "RankTimeoutError",
-    "RestoreIncompleteError",
-    "RuntimeConfig",
-    "StepPrefetcher",
-    "adopt_placement_group",
-    "attach",
-    "batch_to_device",
-    "checkpoint_path",
-    "create_rank_placement",
-    "fetch_batch",
-    "get_coordinator",
-    "load_checkpoint_file",
-    "placement_fingerprint",
-    "placement_layout",
-    "save_checkpoint_file",
-    "start_data_coordinator",
-    "wait_until_name_is_free",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("batch_to_device", "fetch_batch"):
-        from rl_data.distributed import transfer
-
-        return getattr(transfer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rl_data.config_blocks import validate_block
 from rl_data.energon.config import DataConfig, EnergonSourceConfig, validate_data_config
 from rl_data.import_path import load_object
-from rl_data.packing import packing_algorithm as parse_packing_algorithm
+from rl_data.packing.algorithms import packing_algorithm as parse_packing_algorithm
 from rl_data.task_contract import Task
 from rl_data.task_registry import get_task
 
@@ -38,7 +38,7 @@ class LoaderSpec(BaseModel):
     batch_size: int = Field(ge=1)
     max_sequence_length: int = Field(ge=1)
     split_role: Literal["train", "validation"] = "train"
-    #: The packing algorithm (:class:`rl_data.packing.PackingAlgorithm`, any case); None: no packing.
+    #: The packing algorithm (:class:`rl_data.packing.algorithms.PackingAlgorithm`, any case); None: no packing.
     packing_algorithm: Optional[str] = None
     #: Samples per pack at most (None: as many as fit); packing only.
     max_sequences_per_bin: Optional[int] = Field(default=None, ge=1)

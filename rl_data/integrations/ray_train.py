@@ -64,6 +64,8 @@ from rl_data.distributed.checkpoint_files import CHECKPOINT_FILENAME, checkpoint
 from rl_data.distributed.client import CoordinatorClient, get_coordinator
 from rl_data.distributed.config import RuntimeConfig
 
+__all__ = ["CoordinatorTimeoutError", "TrainData", "data_state", "loop_config"]
+
 #: The keys of :func:`loop_config`.
 LOOP_CONFIG_KEYS = ("name", "namespace", "dp", "timeout_s")
 

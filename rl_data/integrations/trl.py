@@ -114,7 +114,7 @@ def reward_columns(reward_funcs: Sequence[Any]) -> dict[str, list[str]]:
 
 
 def prompt_row(prompt: Any, columns: dict[str, list[str]]) -> dict[str, Any]:
-    """The TRL row of a :class:`~rl_data.prompt_feed.TakenPrompt` (see the module doc)."""
+    """The TRL row of a :class:`~rl_data.TakenPrompt` (see the module doc)."""
     payload = prompt.payload
     where = f"prompt {tuple(prompt.uid)} (key {prompt.key!r})"
     if payload.get("messages") is None:
@@ -499,12 +499,5 @@ class PromptFeedCallback(TrainerCallback, ExportableState):
         self._source._end()
 
 
-__all__ = [
-    "FEED_FOLDER",
-    "GenerationWindow",
-    "PromptFeedCallback",
-    "TRLPromptFeed",
-    "check_settings",
-    "prompt_row",
-    "reward_columns",
-]
+__all__ = ["FEED_FOLDER", "PromptFeedCallback", "TRLPromptFeed"]
+

@@ -1,6 +1,6 @@
 """Jobs built on the runtime: the main SFT job (``pipelines/train_sft_demo.py``) and its parts.
 
-``sft_demo.run_demo(TrainDemoConfig(...))`` runs the whole job on the connected (or a local)
+``sft_demo.run_demo(config.TrainDemoConfig(...))`` runs the whole job on the connected (or a local)
 Ray cluster; the modules are small on purpose: options (``config``, ``command`` for typer),
 the data each task needs (``tasks``, ``data``), connecting to Ray (``ray_cluster``), the
 training actors (``trainer``), the step loop (``steps``), the continuation proof
@@ -8,7 +8,14 @@ training actors (``trainer``), the step loop (``steps``), the continuation proof
 (``encoding_view``) and checkpoint inspection (``inspect_checkpoint``).
 """
 
-from rl_data.jobs.config import TrainDemoConfig
-from rl_data.jobs.tasks import sft_demo_task, sft_demo_tasks
+from rl_data._moved import moved_names as _moved_names
 
-__all__ = ["TrainDemoConfig", "sft_demo_task", "sft_demo_tasks"]
+# Former re-exports (see rl_data/_moved.py).
+__getattr__ = _moved_names(
+    __name__,
+    {
+        "TrainDemoConfig": "rl_data.jobs.config",
+        "sft_demo_task": "rl_data.jobs.tasks",
+        "sft_demo_tasks": "rl_data.jobs.tasks",
+    },
+)

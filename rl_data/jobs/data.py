@@ -2,7 +2,7 @@
 
 An existing dataset at ``config.dataset_path`` (a folder with ``.nv-meta``) is used as it is.
 Otherwise the task's packaged data is written as raw JSONL into the work dir and the Ray Data
-preprocessing job (:func:`rl_data.preprocess.run_preprocess`) turns it into the dataset.
+preprocessing job (:func:`rl_data.run_preprocess`) turns it into the dataset.
 Needs a connected Ray cluster when it preprocesses.
 """
 

@@ -16,12 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from rl_data.sample_data import chitchat_conversations
-from rl_data.tokenization import (
-    add_loss_mask_to_message_log,
-    get_formatted_message_log,
-    sft_batch_tensors,
-    truncate_message_log,
-)
+from rl_data.tokenization.chat import get_formatted_message_log
+from rl_data.tokenization.flatten import sft_batch_tensors
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
+from rl_data.tokenization.truncation import truncate_message_log
 
 TRAINED_STYLE = "bold green"
 MASKED_STYLE = "grey50"

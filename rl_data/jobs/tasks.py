@@ -7,7 +7,8 @@ whose batches carry no SFT message logs (``rl_prompt``) is fed by the GRPO-shape
 
 from __future__ import annotations
 
-from rl_data.tasks import Task, get_task, registered_tasks
+from rl_data.task_contract import Task
+from rl_data.task_registry import get_task, registered_tasks
 
 #: Tasks whose batches the SFT job's training actors cannot train on.
 _NOT_SFT = frozenset({"rl_prompt"})

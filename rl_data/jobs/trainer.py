@@ -87,7 +87,8 @@ class TrainingActor:
         A preference batch becomes its chosen rows followed by its rejected rows, as a DPO
         trainer's forward pass sees them.
         """
-        from rl_data.tokenization import add_loss_mask_to_message_log, sft_batch_tensors
+        from rl_data.tokenization.flatten import sft_batch_tensors
+        from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
 
         multipliers = batch["loss_multiplier"].tolist()
         if "message_log_chosen" in batch:

@@ -1,19 +1,21 @@
 """Ray Data preprocessing: raw conversation files (JSONL / JSON / Parquet, several schemas) ->
 validated canonical samples -> an Energon WebDataset dataset, with rejected rows quarantined."""
 
-from rl_data.preprocess.adapters import ADAPTERS, detect_adapter, register_adapter, resolve_adapter
-from rl_data.preprocess.pipeline import PreprocessConfig, PreprocessSummary, connect_ray, run_preprocess
-from rl_data.preprocess.validation import REASONS, RowRejected
+from rl_data._moved import moved_names as _moved_names
 
-__all__ = [
-    "ADAPTERS",
-    "REASONS",
-    "PreprocessConfig",
-    "PreprocessSummary",
-    "RowRejected",
-    "connect_ray",
-    "detect_adapter",
-    "register_adapter",
-    "resolve_adapter",
-    "run_preprocess",
-]
+# Former re-exports (see rl_data/_moved.py).
+__getattr__ = _moved_names(
+    __name__,
+    {
+        "ADAPTERS": "rl_data.preprocess.adapters",
+        "PreprocessConfig": "rl_data",
+        "PreprocessSummary": "rl_data",
+        "REASONS": "rl_data.preprocess.validation",
+        "RowRejected": "rl_data.preprocess.validation",
+        "connect_ray": "rl_data.preprocess.pipeline",
+        "detect_adapter": "rl_data.preprocess.adapters",
+        "register_adapter": "rl_data.preprocess.adapters",
+        "resolve_adapter": "rl_data.preprocess.adapters",
+        "run_preprocess": "rl_data",
+    },
+)

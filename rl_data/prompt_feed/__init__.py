@@ -1,23 +1,27 @@
-"""Async-RL prompt feed: exactly once per prompt while prompts finish out of order.
+"""Async-RL prompt feed: exactly once per prompt while prompts finish out of order (internal;
+users import ``start_prompt_feed``, ``FeedConfig`` and ``attach_feed`` from :mod:`rl_data`).
 
-:class:`PromptLedger` is the pure bookkeeping (no Ray, no I/O) over producers merged by
-:class:`MergedStream`; see :mod:`rl_data.prompt_feed.ledger` for the semantics.
+:class:`~rl_data.prompt_feed.ledger.PromptLedger` is the pure bookkeeping (no Ray, no I/O) over producers merged by
+:class:`~rl_data.prompt_feed.merge.MergedStream`; see :mod:`rl_data.prompt_feed.ledger` for the semantics.
 """
 
-from rl_data.prompt_feed.ledger import EpochCounts, PromptLedger, TakenPrompt, UidStateError
-from rl_data.prompt_feed.merge import PASS_END, Cursor, Item, MergedStream, PassEnd, Producer, Pull, Uid
+from rl_data._moved import moved_names as _moved_names
 
-__all__ = [
-    "PASS_END",
-    "Cursor",
-    "EpochCounts",
-    "Item",
-    "MergedStream",
-    "PassEnd",
-    "Producer",
-    "PromptLedger",
-    "Pull",
-    "TakenPrompt",
-    "Uid",
-    "UidStateError",
-]
+# Former re-exports (see rl_data/_moved.py).
+__getattr__ = _moved_names(
+    __name__,
+    {
+        "Cursor": "rl_data.prompt_feed.merge",
+        "EpochCounts": "rl_data.prompt_feed.ledger",
+        "Item": "rl_data.prompt_feed.merge",
+        "MergedStream": "rl_data.prompt_feed.merge",
+        "PASS_END": "rl_data.prompt_feed.merge",
+        "PassEnd": "rl_data.prompt_feed.merge",
+        "Producer": "rl_data.prompt_feed.merge",
+        "PromptLedger": "rl_data.prompt_feed.ledger",
+        "Pull": "rl_data.prompt_feed.merge",
+        "TakenPrompt": "rl_data",
+        "Uid": "rl_data.prompt_feed.merge",
+        "UidStateError": "rl_data",
+    },
+)

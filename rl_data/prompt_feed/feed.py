@@ -4,7 +4,7 @@ The feed owns one rank actor per logical rank (``RuntimeConfig.world_size``, eac
 placement-group bundle, as the data coordinator places them), each reading the ``rl_prompt``
 task in exact passes; their prompts are merged in a fixed order
 (:class:`~rl_data.prompt_feed.MergedStream`, one :class:`~rl_data.prompt_feed.producers.RankProducer`
-per rank) and one :class:`~rl_data.prompt_feed.PromptLedger` keeps the books. The semantics are
+per rank) and one :class:`~rl_data.prompt_feed.ledger.PromptLedger` keeps the books. The semantics are
 the ledger's (see :mod:`rl_data.prompt_feed.ledger`):
 
 * prompt ``uid = (epoch, position)``; ``take(n)`` hands out released prompts first, then new

@@ -139,7 +139,7 @@ class MergedStream:
         if not isinstance(got, Item):
             raise TypeError(
                 f"producer {index} returned {type(got).__name__} from next_item, expected an Item or "
-                "PASS_END; wrap its prompts in rl_data.prompt_feed.Item"
+                "PASS_END; wrap its prompts in rl_data.prompt_feed.merge.Item"
             )
         self.cursor = Cursor(before.epoch, before.position + 1, following, before.finished)
         return Pull(index, state, before, Uid(before.epoch, before.position)), got

@@ -1,11 +1,11 @@
-"""``RankProducer``: the prompts of one rank actor's loader as a :class:`~rl_data.prompt_feed.Producer`.
+"""``RankProducer``: the prompts of one rank actor's loader as a :class:`~rl_data.prompt_feed.merge.Producer`.
 
 The rank actor's loader reads its shard in exact passes (``source.epoch_mode="exact"``,
 ``virtual_epoch_length=0``) and ``RankActor.next_batch`` returns each batch with the loader state
 right after it. A batch belongs to pass ``state_after["position"]["passes"]`` (the stream counts a
 pass when its end is reached, which is before the next pass's first batch is produced), so the
 first batch of a later pass tells that the current pass is over: :meth:`RankProducer.next_item`
-then returns :data:`~rl_data.prompt_feed.PASS_END` and keeps that batch for the next call.
+then returns :data:`~rl_data.prompt_feed.merge.PASS_END` and keeps that batch for the next call.
 
 Items are the batch rows: ``key`` is the row's ``source_ids`` entry, ``payload`` the row as a dict
 (each column's row; tensors cloned, so a row does not pin its whole batch in memory).

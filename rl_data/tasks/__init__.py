@@ -1,37 +1,28 @@
-"""The built-in tasks, one module per sample kind, and the task API users write tasks with.
+"""The built-in tasks, one module per sample kind (internal).
 
-``from rl_data.tasks import Task, TaskConfig, SampleSchema, AdapterSpec, register_task, get_task``:
-the contract (:mod:`rl_data.task_contract`) and the registry (:mod:`rl_data.task_registry`) are
-re-exported here. The built-in task modules (``chat_sft``, ``vlm_sft``, ``preference``,
-``rl_prompt``) each define ``TASK``; the registry imports them by name on first lookup.
+The built-in task modules (``chat_sft``, ``vlm_sft``, ``preference``, ``rl_prompt``) each define
+``TASK``; the registry (:mod:`rl_data.task_registry`) imports them by name on first lookup. Users
+write tasks with the contract the facade exports: ``from rl_data import Task, TaskConfig, ...``.
 """
 
-from __future__ import annotations
+from rl_data._moved import moved_names as _moved_names
 
-from rl_data.task_contract import AdapterSpec, DemoData, SampleSchema, Task, TaskConfig
-from rl_data.task_registry import (
-    BUILTIN_TASK_MODULES,
-    find_schema,
-    get_task,
-    register_task,
-    registered_tasks,
-    sample_schemas,
-    schema_for_kind,
-    tasks_for_kind,
+# Former re-exports (see rl_data/_moved.py).
+__getattr__ = _moved_names(
+    __name__,
+    {
+        "AdapterSpec": "rl_data",
+        "BUILTIN_TASK_MODULES": "rl_data.task_registry",
+        "DemoData": "rl_data",
+        "SampleSchema": "rl_data",
+        "Task": "rl_data",
+        "TaskConfig": "rl_data",
+        "find_schema": "rl_data.task_registry",
+        "get_task": "rl_data",
+        "register_task": "rl_data",
+        "registered_tasks": "rl_data.task_registry",
+        "sample_schemas": "rl_data.task_registry",
+        "schema_for_kind": "rl_data.task_registry",
+        "tasks_for_kind": "rl_data.task_registry",
+    },
 )
-
-__all__ = [
-    "BUILTIN_TASK_MODULES",
-    "AdapterSpec",
-    "DemoData",
-    "SampleSchema",
-    "Task",
-    "TaskConfig",
-    "find_schema",
-    "get_task",
-    "register_task",
-    "registered_tasks",
-    "sample_schemas",
-    "schema_for_kind",
-    "tasks_for_kind",
-]

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from rl_data.interfaces import LLMMessageLogType, TaskDataSpec
-from rl_data.tokenization import get_formatted_message_log, get_truncated_formatted_message_log
+from rl_data.tokenization.chat import get_formatted_message_log, get_truncated_formatted_message_log
 from rl_data.tokenization.validation import CONTROL_TEXT_POLICIES
 from rl_data.tokenization.vocab_fingerprint import vocab_fingerprint
 

@@ -31,8 +31,8 @@ from rl_data.energon.task_encoders.collate import padded_sft_tensors
 from rl_data.energon.task_encoders.cookers import ChatCooker
 from rl_data.energon.task_encoders.packing import build_pack, collate_packs, select_packs
 from rl_data.fingerprint import fingerprint
-from rl_data.packing import get_packer
-from rl_data.tokenization import truncate_message_log
+from rl_data.packing.algorithms import get_packer
+from rl_data.tokenization.truncation import truncate_message_log
 
 
 @edataclass

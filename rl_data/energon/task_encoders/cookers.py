@@ -15,7 +15,7 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
 from rl_data.energon.sample_format import decode_sample
 from rl_data.task_registry import tasks_for_kind
-from rl_data.tokenization import validate_messages
+from rl_data.tokenization.validation import validate_messages
 
 
 def decode_record(raw: dict[str, Any], kind: str, *, reader: str) -> tuple[Any, dict[str, Any]]:

@@ -22,9 +22,9 @@ import torch
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.interfaces import LLMMessageLogType
 from rl_data.packed_tensor import PackedTensor
-from rl_data.packing import SequencePacker
+from rl_data.packing.algorithms import SequencePacker
 from rl_data.packing.layout import cu_seqlens_for
-from rl_data.tokenization import add_loss_mask_to_message_log
+from rl_data.tokenization.loss_mask import add_loss_mask_to_message_log
 
 PADDING_ROLE = "padding"
 TRAINED_ROLES = ("assistant",)

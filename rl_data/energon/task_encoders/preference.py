@@ -21,7 +21,7 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder
 from rl_data.energon.task_encoders.cookers import decode_record
-from rl_data.tokenization import validate_messages
+from rl_data.tokenization.validation import validate_messages
 
 _PAIR_FIELDS = ("context", "chosen", "rejected")
 

@@ -33,7 +33,7 @@ from rl_data.energon.task_encoders.base import BaseSFTTaskEncoder, EncodedSFTSam
 from rl_data.energon.task_encoders.cookers import ChatSample, decode_record, sft_messages
 from rl_data.interfaces import VLMMessageLogType
 from rl_data.packed_tensor import PackedTensor
-from rl_data.tokenization import validate_messages
+from rl_data.tokenization.validation import validate_messages
 from rl_data.tokenization.validation import TrustedText
 
 _MISSING_PART = {"image": "image processor", "video": "image processor", "audio": "feature extractor"}
