@@ -11,32 +11,48 @@ from pydantic import BaseModel, ValidationError
 class ConfigError(ValueError):
     """A configuration refused on the driver, before any actor or Ray task starts.
 
-    ``problems`` lists every problem found, each naming the value, what was expected and the fix;
-    the message holds them all, one per line.
+    ``problems`` lists every problem found, each naming the value, what was expected and the fix.
+    The message is ``"<subject>: <problem>"`` for one problem, else ``"<subject>: N problems"``
+    followed by one ``"  - <problem>"`` line each.
     """
 
     def __init__(self, subject: str, problems: list[str]) -> None:
         self.subject, self.problems = subject, list(problems)
-        count = f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
-        super().__init__(f"{subject}: {count}\n" + "\n".join(f"  - {problem}" for problem in self.problems))
+        if len(self.problems) == 1:
+            super().__init__(f"{subject}: {self.problems[0]}")
+        else:
+            lines = "\n".join(f"  - {problem}" for problem in self.problems)
+            super().__init__(f"{subject}: {len(self.problems)} problems\n{lines}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (a Ray task's error) with its fields
         return type(self), (self.subject, self.problems)
 
 
-def describe_errors(error: Any) -> str:
-    """Every problem of a pydantic ``ValidationError`` as ``field=value: rule`` (a validator's own
-    ``ValueError`` as its message alone), joined by ``; ``."""
-    parts = []
+def validator_error(model: str, problems: list[str]) -> ValueError:
+    """What a pydantic validator of ``model`` raises for ``problems``: the one problem as it is
+    (pydantic names the model), or a :class:`ConfigError` listing them all."""
+    return ValueError(problems[0]) if len(problems) == 1 else ConfigError(model, problems)
+
+
+def problems_of(error: Any) -> list[str]:
+    """Every problem of a pydantic ``ValidationError`` as ``field=value: rule``; a validator's own
+    ``ValueError`` as its message alone (a :class:`ConfigError`'s as its problems)."""
+    problems: list[str] = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "<block>"
         if item["type"] == "value_error":  # the project's own checks: their messages name field and value
-            parts.append(str(item["ctx"]["error"]))
+            cause = item["ctx"]["error"]
+            problems.extend(cause.problems if isinstance(cause, ConfigError) else [str(cause)])
         elif item["type"] == "missing":
-            parts.append(f"{field}: {item['msg']}")
+            problems.append(f"{field}: {item['msg']}")
         else:
-            parts.append(f"{field}={item.get('input')!r}: {item['msg']}")
-    return "; ".join(parts)
+            problems.append(f"{field}={item.get('input')!r}: {item['msg']}")
+    return problems
+
+
+def describe_errors(error: Any) -> str:
+    """:func:`problems_of` a pydantic ``ValidationError``, joined by ``; ``."""
+    return "; ".join(problems_of(error))
 
 
 def validate_block(model: type[BaseModel], value: Any, *, name: str) -> Any:

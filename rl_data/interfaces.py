@@ -19,12 +19,13 @@ from rl_data.packed_tensor import PackedTensor
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as TokenizerType
 
-# OpenAI-style message log; each message may also carry tensors (e.g. ``token_ids``).
+#: OpenAI-style message log; each message may also carry tensors (e.g. ``token_ids``).
 LLMMessageLogType = list[dict[str, str | torch.Tensor]]
-# Same, with per-message media (e.g. ``pixel_values``) as PackedTensor.
+#: Same, with per-message media (e.g. ``pixel_values``) as PackedTensor.
 VLMMessageLogType = list[dict[str, str | torch.Tensor | PackedTensor]]
-# A whole conversation flattened to key -> concatenated tensor (or list of strings).
+#: A whole conversation flattened to key -> concatenated tensor (or list of strings).
 FlatMessagesType = dict[str, list[str] | torch.Tensor]
+#: A filesystem path: a string or an ``os.PathLike``.
 PathLike = Union[str, "os.PathLike[Any]"]
 
 __all__ = [
@@ -91,6 +92,9 @@ class NemoGymSourceIdentity:
 
 
 class DatumSpec(TypedDict):
+    """One sample as a task yields it: its message log, token count and environment info (an RL
+    prompt's ground truth), with its loss multiplier and index."""
+
     message_log: LLMMessageLogType | VLMMessageLogType
     length: int  # total number of tokens over all messages
     extra_env_info: dict[str, Any] | None
@@ -104,6 +108,9 @@ class DatumSpec(TypedDict):
 
 
 class PreferenceDatumSpec(TypedDict):
+    """One preference pair: the chosen and the rejected message logs of the same context, with
+    their token counts."""
+
     message_log_chosen: LLMMessageLogType | VLMMessageLogType
     message_log_rejected: LLMMessageLogType | VLMMessageLogType
     length_chosen: int

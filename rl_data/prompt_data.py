@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from collections.abc import Callable
 from importlib import resources
@@ -126,8 +127,10 @@ def arithmetic_word_problems(n: int, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
-def write_gsm8k_rows(path: Path, limit: int) -> int:
-    """The first ``limit`` :func:`arithmetic_word_problems` (seed 0) as JSONL at ``path``."""
+def write_gsm8k_rows(path: str | os.PathLike[str], limit: int) -> int:
+    """Write the first ``limit`` :func:`arithmetic_word_problems` (seed 0) as JSONL at ``path``;
+    return how many were written."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = arithmetic_word_problems(limit)
     with path.open("w", encoding="utf-8") as out:

@@ -13,6 +13,6 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch first, pinned: an unpinned torch may pull a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,multimodal,train,trl]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,multimodal,train,trl,docs]"
 echo "$want" > "$stamp"
 echo "setup_env: .venv ready ($(.venv/bin/python -c 'import torch, ray, transformers; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__)'))"

@@ -7,6 +7,7 @@ Fixtures that are expensive (tokenizer, Ray) are session-scoped; tests that need
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ RUN_SLOW = "--run-slow"
 #: first, so with several test processes (``run_tests.sh``: pytest-xdist, a module per process)
 #: the short modules fill in at the end instead of one long module running alone.
 HEAVIEST_MODULES_FIRST = (
+    "test_examples.py",
     "test_benchmarks_smoke.py",
     "test_integration_ray_train.py",
     "test_prompt_feed.py",
@@ -30,7 +32,6 @@ HEAVIEST_MODULES_FIRST = (
     "test_grpo_demo.py",
     "test_job_submit.py",
     "test_coordinator_rewind.py",
-    "test_readme_ray_train_example.py",
     "test_train_sft_demo.py",
     "test_chaos.py",
     "test_demo_data.py",
@@ -56,6 +57,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The configuration refusals ``tests/test_config_refusals.py`` measured: time, entry point, case
+    and the first line of the message (recorded as a test property, so pytest-xdist brings them here)."""
+    refusals = [
+        value
+        for report in terminalreporter.stats.get("passed", [])
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "config_refusal"
+    ]
+    if not refusals:
+        return
+    terminalreporter.section(f"configuration refusals on the driver ({len(refusals)})")
+    width = max(len(r["entry"]) for r in refusals)
+    for refusal in sorted(refusals, key=lambda r: (r["entry"], r["case"])):
+        terminalreporter.write_line(f"{refusal['seconds']:7.3f} s  {refusal['entry']:<{width}}  {refusal['case']}")
+        terminalreporter.write_line(f"{'':11}{refusal['message']}")
 
 
 @pytest.fixture

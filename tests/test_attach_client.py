@@ -97,7 +97,7 @@ def test_a_second_driver_attaches_by_name_pulls_and_commits_steps(ray_session, s
     assert report["committed"] == 3
     assert report["missing"] == (
         "no data coordinator named 'no_such_feed' in Ray namespace 'rl_data_tests'; start one with "
-        "rl_data.distributed.start_data_coordinator (RuntimeConfig.name/namespace must match) and "
+        "rl_data.start_data_coordinator (RuntimeConfig.name/namespace must match) and "
         "check that its job is still running"
     )
     # The first driver sees the steps the second one committed.

@@ -222,9 +222,9 @@ def test_input_and_output_errors_are_one_line_before_ray_starts(tmp_path, case):
     (tmp_path / "out").mkdir()
     inputs, output = {"missing": ("nope.jsonl", "new"), "empty": ("empty.jsonl", "new"), "existing": ("ok.jsonl", "out")}[case]
     result, seconds = run_cli(str(tmp_path / inputs), "-o", str(tmp_path / output), "--no-progress")
-    expected = {"missing": "FileNotFoundError: input '.*nope.jsonl' matches no file; check the path or glob",
-                "empty": r"ValueError: input .*empty.jsonl is empty: no row to preprocess",
-                "existing": r"FileExistsError: output .*out already exists; pass overwrite=True \(--overwrite\)"}[case]
+    expected = {"missing": "ConfigError: input '.*nope.jsonl' matches no file; check the path or glob",
+                "empty": r"ConfigError: input .*empty.jsonl is empty: no row to preprocess",
+                "existing": r"ConfigError: output .*out already exists; pass overwrite=True \(--overwrite\)"}[case]
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines() + result.stdout.strip().splitlines()
     assert len(lines) == 2, result.stderr

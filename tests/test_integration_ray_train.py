@@ -192,7 +192,7 @@ PACKING = {"shuffle_buffer_size": 20, "max_samples_per_sequence": 10, "packing_b
 
 
 def test_a_run_trains_every_step_once_and_its_checkpoint_holds_the_data_state(ray_session, energon_dataset, tokenizer, vocab_size, tmp_path):
-    """The default run's Ray Train test (the failures and the README example run in CI): 1 worker, 4
+    """The default run's Ray Train test (the failures and examples/ray_train.py run in CI): 1 worker, 4
     steps, a checkpoint every 2. The worker trains the uninterrupted stream once, and Train's last
     checkpoint holds the model trained on it and the data state of step 4."""
     ray = ray_session

@@ -14,6 +14,7 @@ from energon_fixtures import (
 )
 from restore_check import assert_restores_at_every_step, torch_roundtrip
 
+from rl_data.config_blocks import ConfigError
 from rl_data.energon.config import EnergonSourceConfig
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
 
@@ -56,7 +57,7 @@ def test_source_config_takes_a_path_or_a_mixture_never_both(members):
 
 
 def test_exact_passes_are_refused_for_a_mixture(members, tokenizer):
-    with pytest.raises(ValueError, match=r"a mixture samples its members by weight .* set epoch_mode 'virtual'"):
+    with pytest.raises(ConfigError, match=r"a mixture samples its members by weight .* set source epoch_mode 'virtual'"):
         build_energon_sft_loader(
             data_config={"energon": {}, "shuffle": True}, source={"mixture": _mixture(members), "split": "train"},
             processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **SINGLE_RANK_UNPACKED,
@@ -168,7 +169,7 @@ def test_exact_passes_over_a_metadataset_blend_are_refused(members, tokenizer, t
     for name, dataset in members.items():  # the mixture file's members sit next to it
         (tmp_path / name).symlink_to(dataset.root)
     mixture = write_mixture_file(tmp_path / "mixture.yaml", WEIGHTS, ["train"])
-    with pytest.raises(ValueError, match=r"mixture.yaml': a mixture samples its members by weight .* no exact passes"):
+    with pytest.raises(ConfigError, match=r"mixture.yaml' has epoch_mode 'exact', but a mixture samples its members by weight .* no exact passes"):
         build_energon_sft_loader(
             data_config={"energon": {}, "shuffle": True}, source={"path": str(mixture), "split": "train"},
             processor=tokenizer, batch_size=4, max_sequence_length=256, split_role="train", **SINGLE_RANK_UNPACKED,

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from preprocess_fixtures import GSM8K_ROW, read_quarantine, read_shards, write_jsonl
 
+from rl_data.config_blocks import ConfigError
 from rl_data.energon import dataset_writer
 from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 from rl_data.preprocess.pipeline import load_dataset_info
@@ -195,7 +196,7 @@ def test_interrupted_run_leaves_no_dataset(ray_session, mixed_input, tmp_path, m
 
 def test_existing_output_is_refused_and_all_rejected_input_fails_cleanly(ray_session, mixed_run, tmp_path):
     output, _ = mixed_run
-    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+    with pytest.raises(ConfigError, match="already exists; pass overwrite=True"):
         run([output / "quarantine.jsonl"], output)
     write_jsonl(tmp_path / "bad.jsonl", [{"messages": []}, "nope"])
     with pytest.raises(ValueError, match=r"no row was accepted \(2 read; quarantined invalid_json: 1, missing_field: 1\)"):

@@ -68,6 +68,8 @@ def test_write_gsm8k_rows(tmp_path):
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert rows == arithmetic_word_problems(25)
     assert all(set(row) == {"question", "answer"} for row in rows)
+    assert write_gsm8k_rows(str(tmp_path / "as_text.jsonl"), 3) == 3  # a path given as a string
+    assert (tmp_path / "as_text.jsonl").read_text(encoding="utf-8").splitlines() == path.read_text(encoding="utf-8").splitlines()[:3]
 
 
 def test_human_eval_prompts():

@@ -40,6 +40,7 @@ import torch
 from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, runtime_config, shut_down, wait_for
 from restore_check import assert_rewinds_at_every_step
 
+from rl_data.config_blocks import ConfigError
 from rl_data.distributed.client import wait_until_name_is_free
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.placement import config_layout, placement_fingerprint
@@ -238,14 +239,15 @@ def _kill_feed(ray: Any, handle: Any, config: RuntimeConfig) -> None:
 def test_the_feed_refuses_loaders_that_are_not_rl_prompts_in_exact_passes(tmp_path):
     check_prompt_spec(_spec(str(tmp_path)))
     check_prompt_spec(_spec(str(tmp_path), epoch_mode="virtual", virtual_epoch_length=5))  # one endless epoch
-    with pytest.raises(ValueError, match=r"epoch_mode 'exact' and virtual_epoch_length 5, expected 0"):
+    with pytest.raises(ConfigError, match=r"epoch_mode 'exact' and virtual_epoch_length 5, expected 0"):
         check_prompt_spec(_spec(str(tmp_path), virtual_epoch_length=5))
     validation = _spec(str(tmp_path)).model_copy(update={"split_role": "validation"})
-    with pytest.raises(ValueError, match=r"^a prompt feed needs RL prompts in exact passes or one endless epoch: split_role is 'validation'"):
+    with pytest.raises(ConfigError, match=r"^a prompt feed needs RL prompts in exact passes or one endless epoch: split_role is 'validation'"):
         check_prompt_spec(validation)
-    sft = LoaderSpec(data_config={"energon": {"task": "chat_sft"}}, source={"path": str(tmp_path), "split": "train"},
+    sft = LoaderSpec(data_config={"energon": {"task": "chat_sft"}, "shuffle": True}, source={"path": str(tmp_path), "split": "train"},
                      batch_size=BATCH, max_sequence_length=256)
-    with pytest.raises(ValueError, match=r"data_config\['energon'\]\['task'\] is 'chat_sft', expected 'rl_prompt'$"):
+    with pytest.raises(ConfigError, match=r"data_config\['energon'\]\['task'\] is 'chat_sft', a task whose batches are not prompts .* "
+                                          r"expected 'rl_prompt'; set it to 'rl_prompt'"):
         check_prompt_spec(sft)
 
 
@@ -709,40 +711,40 @@ def test_a_detached_feed_outlives_the_process_that_started_it(ray_session, synth
         wait_until_name_is_free(config.name, config.namespace, TIMEOUT_S)
 
 
-# -- the README's example, the default name, mixtures ----------------------------------------
+# -- the default name, mixtures ----------------------------------------------------------------
 
 
-@pytest.mark.slow  # the README examples run as written in CI (--run-slow); their paths are the default run's other tests
-@pytest.mark.timeout(400)
-def test_the_readme_feed_example_runs_as_written(ray_session, tmp_path):
+@pytest.mark.slow  # CI runs it (--run-slow); examples/rl_feed_quickstart.py attaches by the default name too
+@pytest.mark.timeout(300)
+def test_a_feed_left_at_the_default_name_registers_as_the_default_feed_name_and_restores_under_any_name(
+    ray_session, tmp_path, synthetic_reference
+):
     """The feed of a config whose name was left at the default registers as ``DEFAULT_FEED_NAME``
-    (what ``attach_feed`` finds by default), not as the coordinator's default; the prompt kept by
-    ``release_holder`` is nobody's; the name is in no identity: the checkpoint restores into a feed
-    of another name."""
-    from readme_examples import ran_readme_example
-
-    from rl_data.distributed.config import DEFAULT_NAME, DEFAULT_NAMESPACE
+    (what ``attach_feed`` finds by default), not as the coordinator's default; the name is in no
+    identity: its checkpoint restores into a feed of another name."""
+    from rl_data.distributed.config import DEFAULT_NAME
     from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 
-    with ran_readme_example("feed-example", tmp_path, DEFAULT_FEED_NAME, DEFAULT_NAMESPACE) as example:
-        assert DEFAULT_FEED_NAME == "rl_data_prompt_feed" and example["runtime_config"].name == DEFAULT_NAME
+    config = _config().model_copy(update={"name": DEFAULT_NAME})
+    handle = start_prompt_feed(config, SYNTHETIC_SPEC, FeedConfig(max_outstanding=8))
+    try:
+        assert DEFAULT_FEED_NAME == "rl_data_prompt_feed"
         with pytest.raises(ValueError):  # the coordinator's default name stays free
-            ray_session.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
-        trainer = attach_feed(namespace=DEFAULT_NAMESPACE, timeout_s=TIMEOUT_S).trainer  # the default name
-        assert trainer.handle._actor_id == example["feed"]._actor_id
-        uids = example["uids"]
-        assert uids == [(0, i) for i in range(8)]
-        status = trainer.status()
-        assert (status["outstanding"], status["outstanding_by_holder"], status["released_waiting"]) == (1, {}, 1)
-        assert trainer.release_holder("worker-3") == []  # the kept prompt is held by nobody
-        assert [p.uid for p in example["rollout"].take(1)] == uids[7:8]
-        trainer.ack(uids[6:8])
-    config = example["runtime_config"].model_copy(update={"name": f"renamed-{uuid.uuid4().hex[:8]}", "namespace": NAMESPACE})
-    with running_feed(ray_session, config, example["loader_spec"], FeedConfig(max_outstanding=8)) as renamed:
-        summary = ray_session.get(renamed.load_checkpoint.remote(str(tmp_path / "ckpt" / "step_100" / "data")), timeout=TIMEOUT_S)
+            ray_session.get_actor(DEFAULT_NAME, namespace=NAMESPACE)
+        rollout, trainer = attach_feed(namespace=NAMESPACE, timeout_s=TIMEOUT_S)  # the default name
+        assert trainer.handle._actor_id == handle._actor_id
+        uids = [prompt.uid for prompt in rollout.take(8)]
+        trainer.drop(uids[:2], "uniform_reward")
+        trainer.ack(uids[2:6])
+        trainer.save_checkpoint(str(tmp_path / "data"))
+    finally:
+        shut_down(ray_session, handle, DEFAULT_FEED_NAME, NAMESPACE)
+    renamed = _config()
+    with running_feed(ray_session, renamed, SYNTHETIC_SPEC, FeedConfig(max_outstanding=8)) as handle:
+        summary = ray_session.get(handle.load_checkpoint.remote(str(tmp_path / "data")), timeout=TIMEOUT_S)
         assert (summary["epochs"][0]["acked"], summary["epochs"][0]["dropped"]) == (4, {"uniform_reward": 2})
-        rollout, _ = attach_feed(config.name, config.namespace, timeout_s=TIMEOUT_S)
-        assert [p.uid for p in rollout.take(3)] == [(0, 6), (0, 7), (0, 8)]
+        rollout, _ = attach_feed(renamed.name, renamed.namespace, timeout_s=TIMEOUT_S)
+        assert [prompt.key for prompt in rollout.take(3)] == synthetic_reference[0][6:9]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from rl_data.jobs.exactness import compare_continuation
 from rl_data.jobs.inspect_checkpoint import load_job_config
 from rl_data.jobs.ray_cluster import ClusterInfo, local_cpus, trainer_gpus
 from rl_data.jobs.steps import StepRecord
-from rl_data.jobs.summary import step_totals, zero_loss_line
+from rl_data.jobs.summary import ZERO_LOSS_WARNING_SHARE, step_totals, zero_loss_line
 from rl_data.jobs.trainer import TrainingActor
 
 NAMESPACE = "rl_data_demo_tests"
@@ -189,6 +189,22 @@ def test_compare_continuation_lists_every_difference():
     short = compare_continuation(reference, reference[:1])
     assert short.mismatches == ["the reference has 2 steps, the resumed run 1"]
     assert compare_continuation([], []).verdict() == "FAIL: no steps were compared"
+
+
+def test_the_embedded_default_stays_below_its_own_zero_loss_warning(tokenizer):
+    """The warning is for users' own settings: at the default sequence length, the default data
+    (the first ``num_conversations`` chitchat conversations, as the loader encodes them) loses less
+    than ``ZERO_LOSS_WARNING_SHARE`` of its samples to the over-length rule."""
+    from rl_data.sample_data import chitchat_conversations
+    from rl_data.tokenization.chat import get_formatted_message_log
+    from rl_data.tokenization.truncation import message_log_length
+
+    config = TrainDemoConfig()
+    lengths = [message_log_length(get_formatted_message_log(c["messages"], tokenizer))
+               for c in chitchat_conversations(config.num_conversations)]  # fmt: skip
+    over = sum(length >= config.seq_len for length in lengths)
+    assert len(lengths) == config.num_conversations
+    assert 0 < over / len(lengths) < ZERO_LOSS_WARNING_SHARE  # some are cut (the rule is shown), few
 
 
 def test_step_totals_and_resource_choices():

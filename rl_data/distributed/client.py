@@ -72,7 +72,7 @@ def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
     except ValueError:
         raise CoordinatorNotFoundError(
             f"no data coordinator named {name!r} in Ray namespace {namespace!r}; start one with "
-            "rl_data.distributed.start_data_coordinator (RuntimeConfig.name/namespace must "
+            "rl_data.start_data_coordinator (RuntimeConfig.name/namespace must "
             "match) and check that its job is still running"
         ) from None
 

@@ -73,12 +73,13 @@ from typing import Any, Optional, Sequence
 import ray
 from ray.exceptions import RayActorError
 
+from rl_data.config_blocks import ConfigError
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
     load_checkpoint_file,
     save_checkpoint_file,
 )
-from rl_data.distributed.config import LoaderSpec, RuntimeConfig
+from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig, start_problems
 from rl_data.distributed.metrics import CoordinatorMetrics
 from rl_data.distributed.placement import consumer_layout, upgrade_layout_v1
 from rl_data.distributed.rank_actor import without_completion_key
@@ -488,8 +489,23 @@ def start_data_coordinator(
     *,
     placement_group: Any = None,
     bundle_of_rank: Optional[Sequence[int]] = None,
+    check_datasets: bool = True,
 ) -> Any:
-    """Create the named coordinator actor, wait until every rank is ready; return its handle."""
+    """Create the named coordinator actor, wait until every rank is ready; return its handle.
+
+    First, on the driver, before any actor or placement group starts: every problem of the
+    arguments, the datasets' metadata and the processor factory (:func:`start_problems`) is raised
+    as one :class:`~rl_data.config_blocks.ConfigError`.
+
+    ``check_datasets=False`` skips the dataset checks, for a driver that cannot read the datasets
+    (e.g. a head node without the shared mount the rank actors read): a rank then refuses a bad
+    path when it builds its loader.
+    """
+    problems = start_problems(
+        config, loader_spec, placement_group=placement_group, bundle_of_rank=bundle_of_rank, check_datasets=check_datasets
+    )
+    if problems:
+        raise ConfigError(f"data coordinator {getattr(config, 'name', DEFAULT_NAME)!r} was not started", problems)
     handle = (
         ray.remote(DataCoordinator)
         .options(name=config.name, namespace=config.namespace, num_cpus=0, max_restarts=0, lifetime=config.lifetime)

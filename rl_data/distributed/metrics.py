@@ -1,22 +1,10 @@
 """Ray metrics of the data runtime: what every rank hands out and how the coordinator steps.
 
-Metrics are ``ray.util.metrics`` objects, created once per process on first use (in the rank
-actor or coordinator process) and exported by each node's metrics agent as Prometheus series
-``ray_<name>`` (counters get ``_total``). Names and tags:
-
-* per rank, tags ``coordinator`` (its ``RuntimeConfig.name``) and ``rank``:
-  ``rl_data_rank_batches``, ``rl_data_rank_samples``, ``rl_data_rank_non_pad_tokens`` (counters of
-  what ``next_batch`` handed out), ``rl_data_rank_packing_efficiency`` (gauge: real tokens / pack
-  capacity of the last handed-out packed batch), ``rl_data_rank_skipped_samples`` (counter of bad
-  samples the loader skipped), ``rl_data_rank_filtered_samples`` (counter of samples the task
-  filtered out on purpose, e.g. RL prompts over the length limit), ``rl_data_rank_zero_loss_samples`` (counter of handed-out samples
-  with ``loss_multiplier`` 0: over-length samples cut to stubs, trained on nothing),
-  ``rl_data_rank_prefetch_depth`` (gauge: batches ready),
-  ``rl_data_rank_blocked_seconds`` (counter: time ``next_batch`` waited for a batch);
-* per coordinator, tag ``coordinator``: ``rl_data_coordinator_steps`` (counter of steps handed
-  out), ``rl_data_coordinator_step_latency_seconds`` (histogram of ``next_step`` wall time),
-  ``rl_data_coordinator_restores`` (counter, tag ``kind``: ``checkpoint`` or ``rank_recovery``),
-  ``rl_data_coordinator_committed_step`` (gauge).
+The metrics are data: each :class:`MetricDefinition` below (name, kind, description, tag keys,
+histogram boundaries) is declared at module level, so the documentation reads them without Ray.
+:func:`_created` makes the ``ray.util.metrics`` objects from them once per process, on first use
+(in a rank actor or the coordinator); each node's metrics agent exports them as Prometheus series
+``ray_<name>`` (counters with ``_total``).
 
 :func:`batch_stats` is pure; the recorders only need a connected Ray worker.
 """
@@ -29,65 +17,139 @@ from typing import Any, Literal
 
 from rl_data.batch_stats import BatchStats
 
-RANK_TAGS = ("coordinator", "rank")
-COORDINATOR_TAGS = ("coordinator",)
-RESTORE_TAGS = ("coordinator", "kind")
-STEP_LATENCY_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+MetricKind = Literal["counter", "gauge", "histogram"]
 RestoreKind = Literal["checkpoint", "rewind", "rank_recovery"]
 
 
 @dataclass(frozen=True)
-class _Definitions:
-    rank_batches: Any
-    rank_samples: Any
-    rank_non_pad_tokens: Any
-    rank_packing_efficiency: Any
-    rank_skipped_samples: Any
-    rank_filtered_samples: Any
-    rank_zero_loss_samples: Any
-    rank_prefetch_depth: Any
-    rank_blocked_seconds: Any
-    coordinator_steps: Any
-    coordinator_step_latency: Any
-    coordinator_restores: Any
-    coordinator_committed_step: Any
+class MetricDefinition:
+    """One Ray metric: its name, kind, description, tag keys and (histograms) bucket boundaries."""
+
+    name: str
+    kind: MetricKind
+    description: str
+    tag_keys: tuple[str, ...]
+    boundaries: tuple[float, ...] = ()
+
+    @property
+    def series(self) -> str:
+        """The Prometheus series name: ``ray_<name>``, with ``_total`` for a counter (a histogram's
+        series add ``_bucket``, ``_sum`` and ``_count`` to it)."""
+        return f"ray_{self.name}_total" if self.kind == "counter" else f"ray_{self.name}"
+
+    def create(self) -> Any:
+        """The ``ray.util.metrics`` object (Ray registers each name once per process)."""
+        from ray.util.metrics import Counter, Gauge, Histogram
+
+        if self.kind == "histogram":
+            return Histogram(self.name, self.description, list(self.boundaries), self.tag_keys)
+        return {"counter": Counter, "gauge": Gauge}[self.kind](self.name, self.description, self.tag_keys)
+
+
+def create_all(definitions: tuple[MetricDefinition, ...]) -> dict[str, Any]:
+    """``{name: ray metric}`` for ``definitions``."""
+    return {definition.name: definition.create() for definition in definitions}
+
+
+#: What each tag of the runtime's metrics holds.
+TAGS: dict[str, str] = {
+    "coordinator": "the coordinator's (or prompt feed's) `RuntimeConfig.name`",
+    "rank": "the logical rank (data shard) 0 .. G-1",
+    "kind": "`checkpoint` (a checkpoint loaded into a fresh coordinator or feed), `rewind` (one loaded "
+    "into a live one) or `rank_recovery` (a dead rank replaced and restored)",
+}
+RANK_TAGS = ("coordinator", "rank")
+COORDINATOR_TAGS = ("coordinator",)
+RESTORE_TAGS = ("coordinator", "kind")
+STEP_LATENCY_BOUNDARIES_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+RANK_BATCHES = MetricDefinition(
+    "rl_data_rank_batches", "counter", "Batches handed out by the rank's next_batch", RANK_TAGS
+)
+RANK_SAMPLES = MetricDefinition(
+    "rl_data_rank_samples", "counter", "Source samples in the batches handed out", RANK_TAGS
+)
+RANK_NON_PAD_TOKENS = MetricDefinition(
+    "rl_data_rank_non_pad_tokens", "counter", "Real (non-pad) tokens in the batches handed out", RANK_TAGS
+)
+RANK_PACKING_EFFICIENCY = MetricDefinition(
+    "rl_data_rank_packing_efficiency",
+    "gauge",
+    "Real tokens / pack capacity of the last packed batch handed out",
+    RANK_TAGS,
+)
+RANK_SKIPPED_SAMPLES = MetricDefinition(
+    "rl_data_rank_skipped_samples",
+    "counter",
+    "Bad samples the loader skipped (within its failure budget)",
+    RANK_TAGS,
+)
+RANK_FILTERED_SAMPLES = MetricDefinition(
+    "rl_data_rank_filtered_samples",
+    "counter",
+    "Samples the task filtered out on purpose (e.g. RL prompts over the length limit)",
+    RANK_TAGS,
+)
+RANK_ZERO_LOSS_SAMPLES = MetricDefinition(
+    "rl_data_rank_zero_loss_samples",
+    "counter",
+    "Handed-out samples with loss_multiplier 0 (over length, cut to a stub: no training signal)",
+    RANK_TAGS,
+)
+RANK_PREFETCH_DEPTH = MetricDefinition(
+    "rl_data_rank_prefetch_depth", "gauge", "Batches produced and ready to hand out", RANK_TAGS
+)
+RANK_BLOCKED_SECONDS = MetricDefinition(
+    "rl_data_rank_blocked_seconds",
+    "counter",
+    "Seconds next_batch waited for a batch to be produced",
+    RANK_TAGS,
+)
+COORDINATOR_STEPS = MetricDefinition(
+    "rl_data_coordinator_steps", "counter", "Steps handed out by next_step", COORDINATOR_TAGS
+)
+COORDINATOR_STEP_LATENCY = MetricDefinition(
+    "rl_data_coordinator_step_latency_seconds",
+    "histogram",
+    "Wall time of next_step, in seconds",
+    COORDINATOR_TAGS,
+    STEP_LATENCY_BOUNDARIES_S,
+)
+COORDINATOR_RESTORES = MetricDefinition(
+    "rl_data_coordinator_restores",
+    "counter",
+    "Checkpoint loads and dead ranks replaced and restored, by kind",
+    RESTORE_TAGS,
+)
+COORDINATOR_COMMITTED_STEP = MetricDefinition(
+    "rl_data_coordinator_committed_step",
+    "gauge",
+    "The last committed step (after a commit or a restore)",
+    COORDINATOR_TAGS,
+)
+
+#: Every metric of the rank actors and the coordinator, in the order the reference lists them.
+METRICS: tuple[MetricDefinition, ...] = (
+    RANK_BATCHES,
+    RANK_SAMPLES,
+    RANK_NON_PAD_TOKENS,
+    RANK_PACKING_EFFICIENCY,
+    RANK_SKIPPED_SAMPLES,
+    RANK_FILTERED_SAMPLES,
+    RANK_ZERO_LOSS_SAMPLES,
+    RANK_PREFETCH_DEPTH,
+    RANK_BLOCKED_SECONDS,
+    COORDINATOR_STEPS,
+    COORDINATOR_STEP_LATENCY,
+    COORDINATOR_RESTORES,
+    COORDINATOR_COMMITTED_STEP,
+)
 
 
 @functools.cache
-def _definitions() -> _Definitions:
-    """Every metric, created on first use in this process (Ray registers each once)."""
-    from ray.util.metrics import Counter, Gauge, Histogram
-
-    return _Definitions(
-        rank_batches=Counter("rl_data_rank_batches", "Batches handed out by a rank", RANK_TAGS),
-        rank_samples=Counter("rl_data_rank_samples", "Source samples in the batches handed out", RANK_TAGS),
-        rank_non_pad_tokens=Counter("rl_data_rank_non_pad_tokens", "Real (non-pad) tokens handed out", RANK_TAGS),
-        rank_packing_efficiency=Gauge(
-            "rl_data_rank_packing_efficiency", "Real tokens / pack capacity of the last packed batch", RANK_TAGS
-        ),
-        rank_skipped_samples=Counter("rl_data_rank_skipped_samples", "Bad samples skipped by the loader", RANK_TAGS),
-        rank_filtered_samples=Counter(
-            "rl_data_rank_filtered_samples", "Samples the task filtered out (e.g. RL prompts over length)", RANK_TAGS
-        ),
-        rank_zero_loss_samples=Counter(
-            "rl_data_rank_zero_loss_samples", "Handed-out samples with loss_multiplier 0 (over length, cut)", RANK_TAGS
-        ),
-        rank_prefetch_depth=Gauge("rl_data_rank_prefetch_depth", "Batches produced and ready to hand out", RANK_TAGS),
-        rank_blocked_seconds=Counter(
-            "rl_data_rank_blocked_seconds", "Seconds next_batch waited for a batch to be produced", RANK_TAGS
-        ),
-        coordinator_steps=Counter("rl_data_coordinator_steps", "Steps handed out", COORDINATOR_TAGS),
-        coordinator_step_latency=Histogram(
-            "rl_data_coordinator_step_latency_seconds",
-            "Wall time of next_step",
-            STEP_LATENCY_BOUNDARIES_S,
-            COORDINATOR_TAGS,
-        ),
-        coordinator_restores=Counter(
-            "rl_data_coordinator_restores", "Checkpoint loads and rank recoveries", RESTORE_TAGS
-        ),
-        coordinator_committed_step=Gauge("rl_data_coordinator_committed_step", "Last committed step", COORDINATOR_TAGS),
-    )
+def _created() -> dict[str, Any]:
+    """Every metric of :data:`METRICS`, created on first use in this process."""
+    return create_all(METRICS)
 
 
 class RankMetrics:
@@ -99,30 +161,30 @@ class RankMetrics:
 
     def record_produced(self, *, skipped_samples: int, filtered_samples: int = 0, ready: int) -> None:
         """A batch was produced; ``skipped_samples`` and ``filtered_samples`` are the loader's running totals."""
-        metrics = _definitions()
+        metrics = _created()
         if skipped_samples > self._skipped_seen:
-            metrics.rank_skipped_samples.inc(skipped_samples - self._skipped_seen, self._tags)
+            metrics[RANK_SKIPPED_SAMPLES.name].inc(skipped_samples - self._skipped_seen, self._tags)
             self._skipped_seen = skipped_samples
         if filtered_samples > self._filtered_seen:
-            metrics.rank_filtered_samples.inc(filtered_samples - self._filtered_seen, self._tags)
+            metrics[RANK_FILTERED_SAMPLES.name].inc(filtered_samples - self._filtered_seen, self._tags)
             self._filtered_seen = filtered_samples
-        metrics.rank_prefetch_depth.set(ready, self._tags)
+        metrics[RANK_PREFETCH_DEPTH.name].set(ready, self._tags)
 
     def record_handed_out(self, stats: BatchStats, *, waited_s: float, ready: int) -> None:
         """``next_batch`` handed out a batch after waiting ``waited_s`` for it."""
-        metrics = _definitions()
-        metrics.rank_batches.inc(1, self._tags)
+        metrics = _created()
+        metrics[RANK_BATCHES.name].inc(1, self._tags)
         if stats.samples:
-            metrics.rank_samples.inc(stats.samples, self._tags)
+            metrics[RANK_SAMPLES.name].inc(stats.samples, self._tags)
         if stats.non_pad_tokens:
-            metrics.rank_non_pad_tokens.inc(stats.non_pad_tokens, self._tags)
+            metrics[RANK_NON_PAD_TOKENS.name].inc(stats.non_pad_tokens, self._tags)
         if stats.zero_loss_samples:
-            metrics.rank_zero_loss_samples.inc(stats.zero_loss_samples, self._tags)
+            metrics[RANK_ZERO_LOSS_SAMPLES.name].inc(stats.zero_loss_samples, self._tags)
         if stats.packing_efficiency is not None:
-            metrics.rank_packing_efficiency.set(stats.packing_efficiency, self._tags)
+            metrics[RANK_PACKING_EFFICIENCY.name].set(stats.packing_efficiency, self._tags)
         if waited_s > 0:
-            metrics.rank_blocked_seconds.inc(waited_s, self._tags)
-        metrics.rank_prefetch_depth.set(ready, self._tags)
+            metrics[RANK_BLOCKED_SECONDS.name].inc(waited_s, self._tags)
+        metrics[RANK_PREFETCH_DEPTH.name].set(ready, self._tags)
 
 
 class CoordinatorMetrics:
@@ -133,14 +195,14 @@ class CoordinatorMetrics:
 
     def record_step(self, latency_s: float) -> None:
         """``next_step`` handed out a step after ``latency_s`` seconds."""
-        metrics = _definitions()
-        metrics.coordinator_steps.inc(1, self._tags)
-        metrics.coordinator_step_latency.observe(latency_s, self._tags)
+        metrics = _created()
+        metrics[COORDINATOR_STEPS.name].inc(1, self._tags)
+        metrics[COORDINATOR_STEP_LATENCY.name].observe(latency_s, self._tags)
 
     def record_committed(self, step: int) -> None:
         """``step`` is now the committed step (after a commit or a restore)."""
-        _definitions().coordinator_committed_step.set(step, self._tags)
+        _created()[COORDINATOR_COMMITTED_STEP.name].set(step, self._tags)
 
     def record_restore(self, kind: RestoreKind) -> None:
         """A checkpoint was loaded (into fresh ranks, or as a rewind) or a dead rank was replaced and restored."""
-        _definitions().coordinator_restores.inc(1, {**self._tags, "kind": kind})
+        _created()[COORDINATOR_RESTORES.name].inc(1, {**self._tags, "kind": kind})

@@ -29,11 +29,14 @@ class MixtureMember(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    #: Root of a prepared dataset (absolute: every node reads it).
-    path: str = Field(min_length=1)
-    #: Relative weight (> 0); a sample comes from this member with probability weight / sum.
-    weight: float = Field(gt=0)
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The member's name (letters, digits, '_', '.', '-'; unique in the mixture), used in metrics and the identity.",
+    )  # fmt: skip
+    path: str = Field(min_length=1, description="Root of a prepared dataset (absolute: every node reads it).")
+    weight: float = Field(
+        gt=0, description="Relative weight (> 0): a sample comes from this member with probability weight / sum of weights."
+    )
 
 
 class EnergonSourceConfig(BaseModel):
@@ -42,25 +45,29 @@ class EnergonSourceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Root of a prepared dataset (the folder that holds ``.nv-meta``), or an Energon metadataset
-    #: ``.yaml`` (read by Energon's own loader; a ``blend`` of datasets is a mixture); local or an
-    #: Energon EPath. Leave unset when ``mixture`` is given.
-    path: str | None = Field(default=None, min_length=1)
-    #: Datasets sampled by weight (Energon blends them sample by sample, deterministically).
-    mixture: tuple[MixtureMember, ...] | None = Field(default=None, min_length=1)
-    #: Energon split part, as written by ``energon prepare``: ``"train"``, ``"val"`` or ``"test"``.
-    split: str = Field(min_length=1)
-    #: Training only: batches per ``for`` loop. 0 (``epoch_mode="exact"`` only): one ``for``
-    #: loop is one pass. > 0: every ``for`` loop yields this many batches of the endless stream.
-    virtual_epoch_length: int = Field(default=0, ge=0)
-    #: Validation only: stop after this many batches (None: the whole split).
-    limit: int | None = Field(default=None, ge=1)
-    #: Training only. ``"exact"``: the rank reads its share in passes, every sample once per
-    #: pass, in a new deterministic order each pass; each worker drops (and counts) the last
-    #: partial batch of its pass. ``"virtual"``: Energon repeats the share forever and its
-    #: shuffle buffer mixes consecutive passes, so any pass-sized window holds some samples
-    #: twice and misses others; nothing is dropped. See README "Epoch modes".
-    epoch_mode: Literal["exact", "virtual"] = "exact"
+    path: str | None = Field(
+        default=None, min_length=1,
+        description="A prepared dataset (the folder holding .nv-meta) or an Energon metadataset .yaml, local or an "
+        "Energon URL; leave unset when mixture is given.",
+    )  # fmt: skip
+    mixture: tuple[MixtureMember, ...] | None = Field(
+        default=None, min_length=1,
+        description="Datasets sampled by weight, blended sample by sample and deterministically; leave unset when path is given.",
+    )  # fmt: skip
+    split: str = Field(min_length=1, description="The split part to read, as the dataset names it: 'train', 'val' or 'test'.")
+    virtual_epoch_length: int = Field(
+        default=0, ge=0,
+        description="Training only: batches per for loop; 0 (epoch_mode 'exact' only): one pass per for loop.",
+    )  # fmt: skip
+    limit: int | None = Field(
+        default=None, ge=1, description="Validation only: stop after this many batches (None: the whole split)."
+    )
+    epoch_mode: Literal["exact", "virtual"] = Field(
+        default="exact",
+        description="Training only: 'exact' reads every sample once per pass, in a new order each pass (each worker "
+        "drops its last partial batch); 'virtual' repeats the data forever, so a pass-sized window may repeat or "
+        "miss samples.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "EnergonSourceConfig":
@@ -108,35 +115,45 @@ class EnergonLoaderConfig(BaseModel):
         "failure_ratio_min_samples",
     )
 
-    #: Worker processes per loader (0: load in the calling process).
-    num_workers: int = Field(default=0, ge=0)
-    #: Samples in Energon's shuffle buffer (None disables sample shuffling).
-    shuffle_buffer_size: int | None = Field(default=100, ge=1)
-    #: Samples read in sequence from one shard before jumping (None: whole shard slices).
-    max_samples_per_sequence: int | None = Field(default=100, ge=1)
-    #: Samples the packer chooses from (None: packing off).
-    packing_buffer_size: int | None = Field(default=None, ge=1)
-    #: Added to the worker seeds (changes the shuffle order).
-    seed_offset: int = Field(default=0, ge=0)
-    #: Batches prefetched per worker.
-    prefetch_factor: int = Field(default=2, ge=1)
-    #: Least seconds between a worker's internal checkpoints; a restore replays, inside the
-    #: workers, the batches since the one it starts from. 0 (default): after every batch, so
-    #: a restore replays nothing (each costs one ``save_state`` of the worker's pipeline).
-    checkpoint_every_sec: float = Field(default=0.0, ge=0)
-    #: Energon prints a stack trace when a batch takes longer (None disables the watchdog).
-    watchdog_timeout_seconds: float | None = Field(default=60.0, gt=0)
-    #: The task (name registered in :mod:`rl_data.tasks`, or ``"pkg.module:TASK"``): its task
-    #: encoder, cookers and options. Its former key, ``task_encoder``, is read with a warning.
-    task: str = Field(default="chat_sft", min_length=1)
-    #: Name of one of the task's cookers turning raw samples into typed ones (None: its default).
-    cooker: str | None = Field(default=None, min_length=1)
-    #: Consecutive failures of one pipeline stage that are fatal (Energon's tolerance).
-    max_consecutive_failures: int = Field(default=100, ge=1)
-    #: Fatal once skipped / (skipped + delivered) exceeds this ...
-    max_failure_ratio: float = Field(default=0.1, gt=0, le=1)
-    #: ... after at least this many samples were seen.
-    failure_ratio_min_samples: int = Field(default=100, ge=1)
+    num_workers: int = Field(default=0, ge=0, description="Worker processes per loader (0: load in the calling process).")
+    shuffle_buffer_size: int | None = Field(
+        default=100, ge=1, description="Samples in Energon's shuffle buffer (None disables sample shuffling)."
+    )
+    max_samples_per_sequence: int | None = Field(
+        default=100, ge=1, description="Samples read in sequence from one shard before jumping (None: whole shard slices)."
+    )
+    packing_buffer_size: int | None = Field(
+        default=None, ge=1, description="Samples the packer chooses from (None: packing off)."
+    )
+    seed_offset: int = Field(default=0, ge=0, description="Added to the worker seeds (changes the shuffle order).")
+    prefetch_factor: int = Field(default=2, ge=1, description="Batches prefetched per worker.")
+    checkpoint_every_sec: float = Field(
+        default=0.0, ge=0,
+        description="Least seconds between a worker's internal checkpoints; a restore replays the batches since the "
+        "last one (0: after every batch, so a restore replays nothing).",
+    )  # fmt: skip
+    watchdog_timeout_seconds: float | None = Field(
+        default=60.0, gt=0,
+        description="Energon prints a stack trace when a batch takes longer than this (None disables the watchdog).",
+    )  # fmt: skip
+    task: str = Field(
+        default="chat_sft", min_length=1,
+        description="The task: a name registered in rl_data.tasks or 'pkg.module:TASK' (its encoder, cookers and options).",
+    )  # fmt: skip
+    cooker: str | None = Field(
+        default=None, min_length=1,
+        description="Name of one of the task's cookers, turning raw samples into typed ones (None: the task's default).",
+    )  # fmt: skip
+    max_consecutive_failures: int = Field(
+        default=100, ge=1, description="Consecutive failures of one pipeline stage that end the run (Energon's tolerance)."
+    )
+    max_failure_ratio: float = Field(
+        default=0.1, gt=0, le=1,
+        description="The run ends once skipped / (skipped + delivered) samples exceeds this share ...",
+    )  # fmt: skip
+    failure_ratio_min_samples: int = Field(
+        default=100, ge=1, description="... after at least this many samples were seen."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -172,30 +189,41 @@ class EnergonLoaderConfig(BaseModel):
 
 
 class DataConfig(BaseModel):
-    """``data_config`` of ``build_energon_sft_loader``, validated (see :func:`validate_data_config`)."""
+    """``data_config`` of ``build_energon_sft_loader``, validated (see :func:`validate_data_config`).
+
+    ``batch_format`` is not part of the loader identity: a state restores under either form.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    energon: EnergonLoaderConfig
-    #: Must be True for a train loader (it always shuffles); unused for validation.
-    shuffle: bool | None = None
-    add_bos: bool = True
-    add_eos: bool = True
-    add_generation_prompt: bool = False
-    #: Special tokens inside message text: reject the sample or encode as plain text.
-    control_text: Literal["reject", "plain_text"] = "reject"
-    #: ``TaskDataSpec.prompt``: applied with ``.format(text)`` to the first user turn.
-    prompt: str | None = None
-    #: ``TaskDataSpec.system_prompt``: inserted when the conversation has no system turn.
-    system_prompt: str | None = None
-    #: The task's own encoder options (its ``TaskConfig``; checked by the task).
-    task: dict[str, Any] = Field(default_factory=dict)
-    #: Unpacked SFT batches as training-ready padded tensors (``input_ids``, ``token_mask``,
-    #: ``sample_mask``, ``input_lengths``; the default of the SFT tasks) or as NeMo-RL's
-    #: message logs (``message_log``). None: the task's default. Packed batches are always
-    #: tensors; preference and RL prompt batches keep their own form. Not part of the loader
-    #: identity: a state restores under either form.
-    batch_format: Literal["tensors", "message_log"] | None = None
+    energon: EnergonLoaderConfig = Field(description="How the Energon loader reads, encodes and checks the data.")
+    shuffle: bool | None = Field(
+        default=None, description="Must be True for a train loader (it always shuffles); unused for validation."
+    )
+    add_bos: bool = Field(default=True, description="Begin each sample with the tokenizer's BOS token (when it has one).")
+    add_eos: bool = Field(default=True, description="End each sample with the tokenizer's EOS token.")
+    add_generation_prompt: bool = Field(
+        default=False, description="End the rendered chat with the assistant's generation prompt."
+    )
+    control_text: Literal["reject", "plain_text"] = Field(
+        default="reject",
+        description="Special tokens inside message text: 'reject' the sample, or encode them as 'plain_text'.",
+    )
+    prompt: str | None = Field(
+        default=None, description="Applied with .format(text) to the first user turn (TaskDataSpec.prompt)."
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        description="Inserted as the system turn when the conversation has none (TaskDataSpec.system_prompt).",
+    )
+    task: dict[str, Any] = Field(
+        default_factory=dict, description="The task's own encoder options (its TaskConfig, checked by the task)."
+    )
+    batch_format: Literal["tensors", "message_log"] | None = Field(
+        default=None,
+        description="Unpacked SFT batches as padded tensors ('tensors') or message logs ('message_log'); None: the "
+        "task's default (packed batches are always tensors).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -55,9 +55,11 @@ from rl_data.energon.state_codec import EncodedValueCache, decode_rank_state, en
 from rl_data.energon.task_encoders import ProcessorAdapter
 from rl_data.fingerprint import brief, differences, fingerprint
 from rl_data.stateful import envelope
-from rl_data.config_blocks import describe_errors
+from rl_data.config_blocks import ConfigError, problems_of
+from rl_data.energon.driver_checks import source_problems
 from rl_data.energon.loader_spec import LoaderSpec
 from rl_data.task_contract import Task
+from rl_data.task_registry import get_task
 from rl_data.tokenization.chat import formatting_path
 from rl_data.tokenization.fast_encode import text_encoder
 
@@ -501,6 +503,10 @@ def build_energon_sft_loader(
     counting its last partial batch) or Energon's repeating stream (``"virtual"``); each ``for``
     loop is ``source.virtual_epoch_length`` batches, or one pass when that is 0. Validation reads
     it once in order, keeps the last partial batch and stops after ``source.limit`` batches.
+
+    The caller is the driver here: what the spec refuses and what the datasets' metadata show
+    (:mod:`rl_data.energon.driver_checks`) is raised as one :class:`~rl_data.config_blocks.ConfigError`
+    before anything is built.
     """
     data_config = validate_data_config(data_config)
     if processor is None:
@@ -511,15 +517,18 @@ def build_energon_sft_loader(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if split_role not in _SPLIT_ROLES:
         raise ValueError(f"split_role must be one of {_SPLIT_ROLES}, got {split_role!r}")
+    source = _source_config(source, name=f"{split_role} source")
+    problems = source_problems(source) if get_task(data_config.energon.task).build_loader is None else []
     try:
         spec = LoaderSpec(
-            data_config=data_config, source=_source_config(source, name=f"{split_role} source"),
-            batch_size=batch_size, max_sequence_length=max_sequence_length, split_role=split_role,
-            packing_algorithm=packing_algorithm, max_sequences_per_bin=max_sequences_per_bin,
+            data_config=data_config, source=source, batch_size=batch_size, max_sequence_length=max_sequence_length,
+            split_role=split_role, packing_algorithm=packing_algorithm, max_sequences_per_bin=max_sequences_per_bin,
             sequence_length_pad_multiple=sequence_length_pad_multiple, only_unmask_final=only_unmask_final,
         )  # fmt: skip
     except ValidationError as error:
-        raise ValueError(describe_errors(error)) from None
+        problems = problems_of(error) + problems
+    if problems:
+        raise ConfigError(f"the {split_role} loader of {source.describe()!r} was not built", problems)
     return build_loader(
         spec, processor, logical_rank=logical_rank, logical_world_size=logical_world_size,
         placement_fingerprint=placement_fingerprint,
@@ -535,10 +544,14 @@ def build_loader(
     placement_fingerprint: str,
     task: Task | None = None,
 ) -> EnergonSFTDataLoader:
-    """Build the loader ``spec`` describes for one logical data shard.
+    """Build the loader ``spec`` describes for one logical data shard: the Energon dataset with the
+    task encoder (:func:`_energon_dataset`), the savable loader over it (:func:`_savable_loader`)
+    and its identity (:func:`_identity`).
 
     ``processor``: the tokenizer or processor (``spec.load_processor_factory()()``); ``task``: the
-    task the spec names, when the caller resolved it already (the rank actors do).
+    task the spec names, when the caller resolved it already (the rank actors do). The spec was
+    checked where it was written (the driver); only what a rank alone knows is checked here: its
+    logical rank and world size, the placement fingerprint, the processor and the Energon version.
     """
     if processor is None:
         raise ValueError(
@@ -549,42 +562,12 @@ def build_loader(
             "placement_fingerprint is empty; pass the fingerprint of the logical placement so "
             "a state saved under another placement is refused"
         )
-    data_config, source, split_role = spec.data_config, spec.source, spec.split_role
-    loader_config = data_config.energon
     if task is None:
         task = spec.task()
     elif task is not spec.task():
-        raise ValueError(f"build_loader was given task {task.name!r} for a spec of task {loader_config.task!r}")
-    task_config = task.config(data_config.task)
-    shuffle: bool | None = None
-    loop_length: int | None = None
-    members = mixture_members(source)
-    if split_role == "train" and source.is_mixture and source.epoch_mode == "exact":
-        # Energon refuses one pass over a weighted blend; over an epochized blend it runs, but a
-        # state saved near the pass end does not restore exactly (checked): refused for both
-        raise ValueError(
-            f"train source {source.describe()!r}: a mixture samples its members by weight and repeats "
-            "each one forever, so it has no exact passes; set epoch_mode 'virtual' and a "
-            "virtual_epoch_length (batches per for loop)"
-        )
-    if split_role == "train":
-        if source.epoch_mode == "virtual" and source.virtual_epoch_length <= 0:
-            raise ValueError(
-                f"train source {source.describe()!r}: epoch_mode 'virtual' repeats the data forever, "
-                "so virtual_epoch_length (batches per for loop) must be > 0, got "
-                f"{source.virtual_epoch_length}; set it, or use epoch_mode 'exact' (0: one pass "
-                "per for loop)"
-            )
-        loop_length = source.virtual_epoch_length
-        if data_config.shuffle is not True:
-            raise ValueError(
-                f"data_config['shuffle'] is {data_config.shuffle!r}; the Energon train "
-                "loader always shuffles, set shuffle: true"
-            )
-        shuffle = True
-
+        raise ValueError(f"build_loader was given task {task.name!r} for a spec of task {spec.data_config.energon.task!r}")
     adapter = ProcessorAdapter.from_processor(
-        processor, {**data_config.adapter_flags(), **task.adapter_overrides}, spec.max_sequence_length
+        processor, {**spec.data_config.adapter_flags(), **task.adapter_overrides}, spec.max_sequence_length
     )
     # Built and decided here, once: worker processes forked later inherit both (each built its own:
     # ~0.3 + 0.08 CPU-s per worker start), and a restore's first batch does not pay them.
@@ -593,9 +576,26 @@ def build_loader(
         formatting_path(adapter.tokenizer)
     compat.install()  # checks the Energon version, before anything of Energon is built
     worker_config = _worker_config(
-        loader_config, logical_rank=logical_rank, logical_world_size=logical_world_size
+        spec.data_config.energon, logical_rank=logical_rank, logical_world_size=logical_world_size
     )
+    members = mixture_members(spec.source)
     task_encoder = _task_encoder(spec, task, adapter, processor, members)
+    loader = _savable_loader(_energon_dataset(spec, task_encoder, worker_config), spec.data_config.energon)
+    topology = _v2_topology(
+        loader_config=spec.data_config.energon, placement_fingerprint=placement_fingerprint,
+        logical_rank=logical_rank, logical_world_size=logical_world_size,
+    )  # fmt: skip
+    identity = _identity(spec, task, adapter, task_encoder, members, topology)
+    weights = weights_of(members) if members is not None else {}
+    record = MixtureRecord.start(weights) if weights else None
+    loop_length = spec.source.virtual_epoch_length if spec.split_role == "train" else None
+    return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length, mixture=record)
+
+
+def _energon_dataset(spec: LoaderSpec, task_encoder: Any, worker_config: WorkerConfig) -> Any:
+    """The Energon dataset of ``spec``'s split with ``task_encoder``: endless for training
+    (:func:`_train_dataset`), once and in order for validation (keeping the last partial batch)."""
+    source, loader_config = spec.source, spec.data_config.energon
     common = dict(
         split_part=source.split,
         worker_config=worker_config,
@@ -603,10 +603,14 @@ def build_loader(
         packing_buffer_size=loader_config.packing_buffer_size,
         task_encoder=task_encoder,
     )
-    if split_role == "train":
-        dataset = _train_dataset(source, loader_config, worker_config, common)
-    else:
-        dataset = get_val_dataset(source.energon_source(), batch_drop_last=False, limit=source.limit, **common)
+    if spec.split_role == "train":
+        return _train_dataset(source, loader_config, worker_config, common)
+    return get_val_dataset(source.energon_source(), batch_drop_last=False, limit=source.limit, **common)
+
+
+def _savable_loader(dataset: Any, loader_config: EnergonLoaderConfig) -> Any:
+    """Energon's savable loader over ``dataset``: its internal checkpoints, prefetching and watchdog,
+    batches passed through as they are, pinned only with CUDA."""
     workers = max(1, loader_config.num_workers)
     loader = compat.SavableLoader(
         dataset,
@@ -619,19 +623,23 @@ def build_loader(
     loader.collate_fn = _batch_as_is
     # Energon always asks torch to pin batches; without CUDA that only warns on every iter().
     loader.pin_memory = torch.cuda.is_available()
+    return loader
+
+
+def _identity(
+    spec: LoaderSpec, task: Task, adapter: Any, task_encoder: Any, members: Any, topology: dict[str, Any]
+) -> dict[str, Any]:
+    """The loader identity (:func:`_loader_identity`) plus the task encoder's component versions and
+    the task with its options."""
+    train = spec.split_role == "train"
     identity = _loader_identity(
-        source=source,
-        loader_config=loader_config,
+        source=spec.source,
+        loader_config=spec.data_config.energon,
         adapter=adapter.identity_summary,
-        split_role=split_role,
+        split_role=spec.split_role,
         batch_size=spec.batch_size,
-        shuffle=shuffle,
-        topology=_v2_topology(
-            loader_config=loader_config,
-            placement_fingerprint=placement_fingerprint,
-            logical_rank=logical_rank,
-            logical_world_size=logical_world_size,
-        ),
+        shuffle=True if train else None,  # a train loader always shuffles (LoaderSpec refuses one that does not)
+        topology=topology,
         packing_algorithm=spec.packing_algorithm,
         max_sequences_per_bin=spec.max_sequences_per_bin,
         sequence_length_pad_multiple=spec.sequence_length_pad_multiple,
@@ -639,10 +647,8 @@ def build_loader(
         mixture=members,
     )
     identity["components"] = task_encoder.component_versions
-    identity["task"] = {"name": task.name, "config": task_config.model_dump(mode="json")}
-    weights = weights_of(members) if members is not None else {}
-    record = MixtureRecord.start(weights) if weights else None
-    return EnergonSFTDataLoader(loader, identity=identity, loop_length=loop_length, mixture=record)
+    identity["task"] = {"name": task.name, "config": task.config(spec.data_config.task).model_dump(mode="json")}
+    return identity
 
 
 def _train_dataset(
@@ -656,7 +662,7 @@ def _train_dataset(
     Energon's virtual epochs are not used: the ``for`` loops are cut by the rank stream, so
     Energon's (and torch's) epochs never end (see :mod:`rl_data.energon.epoch_stream`).
     """
-    exact = source.epoch_mode == "exact"  # never for a mixture (refused by the builder)
+    exact = source.epoch_mode == "exact"  # never for a mixture (LoaderSpec refuses it)
     dataset = get_train_dataset(
         source.energon_source(),
         batch_drop_last=True,

@@ -1,4 +1,4 @@
-"""TRL (``GRPOTrainer``): the prompt feed as TRL's train dataset, each prompt trained exactly once.
+"""TRL (``GRPOTrainer``): the prompt feed as TRL's train dataset, each prompt trained exactly once::
 
     from rl_data.integrations.trl import TRLPromptFeed
 

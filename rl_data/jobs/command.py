@@ -22,7 +22,7 @@ def train_sft_demo(
     resume_dp: Annotated[Optional[int], typer.Option(min=1, help="data-parallel ranks of run 2, the resumed run (elastic resume); default: --dp")] = None,
     mixture: Annotated[Optional[str], typer.Option(help="preprocess the task's data as a mixture NAME=WEIGHT,... (rows dealt to the members in turn) and train on it")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="conversations (packs with --packing) per rank per step")] = 4,
-    seq_len: Annotated[int, typer.Option(min=16, help="max sequence length (pack capacity with --packing)")] = 1024,
+    seq_len: Annotated[int, typer.Option(min=16, help="max sequence length (pack capacity with --packing)")] = 4096,
     packing: Annotated[Optional[str], typer.Option(help="packing algorithm, e.g. first_fit_decreasing (default: off)")] = None,
     steps: Annotated[int, typer.Option(min=1, help="steps before the checkpoint")] = 6,
     resume_steps: Annotated[int, typer.Option(min=1, help="steps after the checkpoint, run twice and compared")] = 4,

@@ -35,7 +35,7 @@ class TrainDemoConfig(BaseModel):
         None, description="preprocess the task's data as a weighted mixture of members name -> weight (rows "
         "dealt to the members in turn) and train on it")
     batch_size: int = Field(4, ge=1, description="conversations (or packs) per rank per step")
-    seq_len: int = Field(1024, ge=16, description="max sequence length (pack capacity with packing)")
+    seq_len: int = Field(4096, ge=16, description="max sequence length (pack capacity with packing)")
     packing: Optional[str] = Field(None, description="packing algorithm; None: no packing")
     steps: int = Field(6, ge=1, description="steps before the checkpoint")
     resume_steps: int = Field(4, ge=1, description="steps after the checkpoint, run twice and compared")

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import pydantic
 import typer
 
+from rl_data.config_blocks import ConfigError
 from rl_data.preprocess.mixture import parse_mixture, run_mixture_preprocess
 from rl_data.preprocess.pipeline import PreprocessConfig, run_preprocess
 
@@ -40,6 +41,9 @@ def _report(error: BaseException) -> None:
     cause = _cause(error)
     if isinstance(cause, pydantic.ValidationError):
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in cause.errors())
+    elif isinstance(cause, ConfigError):  # the job's refusal before Ray starts: its problems, numbered when several
+        problems = cause.problems
+        message = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
     else:  # Ray Data appends its retry advice to the message on a new line: not the cause
         message = str(cause).split("\nFailed to apply UDF transform", 1)[0]
     message = " ".join(message.split()) or "(no message)"
@@ -108,8 +112,8 @@ def preprocess(
 ) -> None:
     """Convert raw conversation data into an Energon dataset, quarantining rejected rows.
 
-    Inputs, output, adapter and splits are checked before Ray starts; a failure prints its
-    cause and fix on one line (exit code 1), the full traceback with ``--debug``.
+    Inputs, output, task, adapter, tokenizer and splits are checked before Ray starts; a failure
+    prints its cause and fix on one line (exit code 1), the full traceback with ``--debug``.
     """
     try:
         config = PreprocessConfig(

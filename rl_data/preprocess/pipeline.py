@@ -10,8 +10,10 @@ Stages (Ray Data, streaming; no stage holds the whole input):
    writes shards + quarantine into a staged folder (``writer``), then Energon prepares it and
    ``dataset_info.json`` is written; the folder is renamed onto the output only when complete.
 
-Before Ray starts (:func:`check_job`), the job checks what fails in a second: an existing
-output, missing or empty inputs, the adapter, and too few rows for the requested splits.
+Before Ray starts (:func:`check_job`), the job checks what fails in a second and refuses all of it
+as one :class:`~rl_data.config_blocks.ConfigError`: an existing output, an unknown task or
+adapter, a tokenizer folder that does not exist, missing or empty inputs, and too few rows for
+the requested splits.
 During the run no single row can end the job: every exception while transforming a row
 quarantines it with a reason, and only a failed-rows budget (``max_failed_rows`` /
 ``max_failed_fraction``, default: more than max(100, 1 % of the rows read) failed) stops it.
@@ -39,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
+from rl_data.config_blocks import ConfigError
 from rl_data.energon.dataset_writer import DEFAULT_SPLITS, min_samples_for_splits
 from rl_data.preprocess import adapters, readers, transform, writer
 from rl_data.task_registry import get_task
@@ -53,32 +56,37 @@ class PreprocessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[str] = Field(min_length=1, description="files, folders, globs or URIs")
-    output: str = Field(description="dataset folder to create (absolute path for ray job submit)")
-    input_format: Literal["auto", "jsonl", "json", "parquet"] = "auto"
-    adapter: str = Field("auto", description="'auto', a registered adapter name or 'pkg.module:function'")
-    task: str | None = Field(None, description="task whose samples to write ('rl_prompt', 'pkg.module:TASK'): "
-                             "'auto' detects among its adapters and rows of another kind are refused")
-    tokenizer: str = Field("qwen3", description="'qwen3' (project tokenizer) or a local tokenizer folder")
-    max_tokens: PositiveInt | None = Field(None, description="quarantine rows longer than this (too_long)")
-    target_shard_bytes: PositiveInt = 64 * 1024 * 1024
-    target_shard_rows: PositiveInt | None = None
+    inputs: list[str] = Field(min_length=1, description="Input files, folders, globs or URIs (JSONL, JSON, Parquet).")
+    output: str = Field(description="Dataset folder to create (an absolute path for ray job submit).")
+    input_format: Literal["auto", "jsonl", "json", "parquet"] = Field(
+        "auto", description="Format of the inputs ('auto': from each file's extension)."
+    )
+    adapter: str = Field("auto", description="'auto' (detected from the first rows), a registered adapter name or "
+                         "'pkg.module:function'.")
+    task: str | None = Field(None, description="Task whose samples to write ('rl_prompt', 'pkg.module:TASK'): the "
+                             "adapter is detected among its adapters and rows of another kind are refused.")
+    tokenizer: str = Field("qwen3", description="'qwen3' (the project tokenizer) or a local tokenizer folder.")
+    max_tokens: PositiveInt | None = Field(None, description="Quarantine rows longer than this many tokens (too_long).")
+    target_shard_bytes: PositiveInt = Field(64 * 1024 * 1024, description="Cut a shard at about this many bytes.")
+    target_shard_rows: PositiveInt | None = Field(None, description="Cut a shard at this many samples (None: by bytes only).")
     splits: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SPLITS),
-                                     description="split ratios, assigned per sample")
+                                     description="Split ratios ('train', 'val', 'test'), assigned per sample.")
     control_text: Literal[CONTROL_TEXT_POLICIES] = Field(  # type: ignore[valid-type]
-        "reject", description="message text holding a tokenizer control token: quarantine ('reject') "
-        "or keep it to be encoded as plain text ('plain_text'; the loader needs the same setting)")
-    max_failed_rows: int = Field(100, ge=0, description="failed rows always allowed")
-    max_failed_fraction: float = Field(0.01, ge=0, le=1, description="failed share of the rows read allowed")
-    overwrite: bool = False
-    num_cpus_per_task: float = Field(0.5, gt=0, le=1, description="CPU share of each transform task")
-    batch_size: PositiveInt = Field(256, description="rows per transform task (lower it for rows with large media)")
-    rows_per_block: PositiveInt = 1024
-    block_bytes: PositiveInt = Field(readers.BLOCK_BYTES, description="cut read blocks at about this much row text")
-    raw_chars: PositiveInt = 2000
-    detect_rows: PositiveInt = 100
-    prepare_workers: PositiveInt = 2
-    progress: bool = True
+        "reject", description="Message text holding a tokenizer control token: quarantine the row ('reject') "
+        "or keep it to be encoded as plain text ('plain_text'; the loader needs the same setting).")
+    max_failed_rows: int = Field(100, ge=0, description="The job fails once more rows failed than this and than "
+                                 "max_failed_fraction of the rows read.")
+    max_failed_fraction: float = Field(0.01, ge=0, le=1, description="Failed share of the rows read that is tolerated "
+                                       "(too_long rows are not failures).")
+    overwrite: bool = Field(False, description="Replace an existing output folder.")
+    num_cpus_per_task: float = Field(0.5, gt=0, le=1, description="CPU share of each transform task.")
+    batch_size: PositiveInt = Field(256, description="Rows per transform task (lower it for rows with large media).")
+    rows_per_block: PositiveInt = Field(1024, description="Rows per read block at most.")
+    block_bytes: PositiveInt = Field(readers.BLOCK_BYTES, description="Cut read blocks at about this much row text.")
+    raw_chars: PositiveInt = Field(2000, description="Characters of a rejected row's raw text kept in the quarantine file.")
+    detect_rows: PositiveInt = Field(100, description="First rows read to detect the adapter.")
+    prepare_workers: PositiveInt = Field(2, description="Processes Energon's prepare step uses to index the shards.")
+    progress: bool = Field(True, description="Show progress bars and the summary table.")
 
     @field_validator("splits")
     @classmethod
@@ -140,27 +148,77 @@ def choose_adapter(config: PreprocessConfig, peeked: list[tuple[readers.InputFil
 
 
 def check_job(config: PreprocessConfig) -> tuple[list[readers.InputFile], str]:
-    """Everything checkable without Ray, in a second: output, inputs, adapter, splits.
+    """Everything checkable without Ray, in a second: output, task, adapter, tokenizer, inputs, splits.
 
-    Returns the input files and the adapter name; raises with the cause and the fix.
+    Returns the input files and the adapter name; every problem found is raised as one
+    :class:`~rl_data.config_blocks.ConfigError`, each naming the cause and the fix.
     """
-    writer.refuse_existing_output(config.output, overwrite=config.overwrite)
-    files = readers.resolve_inputs(config.inputs, config.input_format)
+    problems = _name_problems(config)
+    names_known = not problems
+    try:
+        writer.refuse_existing_output(config.output, overwrite=config.overwrite)
+    except FileExistsError as error:
+        problems.append(str(error))
+    files, adapter = [], config.adapter
+    try:
+        files = readers.resolve_inputs(config.inputs, config.input_format)
+    except (OSError, ValueError) as error:
+        problems.append(str(error))
+    if files:
+        adapter = _check_rows(config, files, problems, detect=names_known)
+    if problems:
+        raise ConfigError(f"preprocess to {config.output!r} was not started", problems)
+    return files, adapter
+
+
+def _name_problems(config: PreprocessConfig) -> list[str]:
+    """The task, adapter and tokenizer ``config`` names, where they cannot be found."""
+    problems = []
+    try:
+        if config.task is not None:
+            get_task(config.task)
+    except ValueError as error:
+        problems.append(str(error))
+    try:
+        if config.adapter != "auto":
+            adapters.resolve_adapter(config.adapter)
+    except ValueError as error:
+        problems.append(str(error))
+    if config.tokenizer != "qwen3" and not Path(config.tokenizer).is_dir():
+        problems.append(
+            f"tokenizer {config.tokenizer!r} is neither 'qwen3' nor a local folder; pass a folder holding "
+            "tokenizer.json / tokenizer_config.json (hub names cannot be downloaded here)"
+        )
+    return problems
+
+
+def _check_rows(config: PreprocessConfig, files: list[readers.InputFile], problems: list[str], *, detect: bool) -> str:
+    """Add the problems of the first rows of ``files`` to ``problems`` (too few for the splits, no
+    adapter matching them); return the adapter, detected from them when ``detect``."""
     prefixes = {transform.file_key_prefix(f.name): f.name for f in files}
     if len(prefixes) != len(files):
-        raise ValueError("two input file names share a key prefix; rename one of the input files")
+        problems.append("two input file names share a key prefix; rename one of the input files")
     needed = min_samples_for_splits(config.splits)
-    peeked = readers.peek_rows(files, max(config.detect_rows, needed))
+    try:
+        peeked = readers.peek_rows(files, max(config.detect_rows, needed))
+    except (OSError, ValueError) as error:
+        problems.append(str(error))
+        return config.adapter
     if not peeked:
         what = "is empty" if len(files) == 1 else f"are all empty ({len(files)} files)"
-        raise ValueError(f"input {files[0].uri if len(files) == 1 else 'files'} {what}: no row to preprocess; "
-                         "check the path, or that the file was written completely")
+        problems.append(f"input {files[0].uri if len(files) == 1 else 'files'} {what}: no row to preprocess; "
+                        "check the path, or that the file was written completely")
+        return config.adapter
     if len(peeked) < needed:
-        raise ValueError(
+        problems.append(
             f"the input has only {len(peeked)} row(s), too few for splits {config.splits}: every requested split "
             f"needs a sample, which takes at least {needed} rows; add rows or choose fewer splits (e.g. --splits train=1)"
         )
-    return files, choose_adapter(config, peeked)
+    try:
+        return choose_adapter(config, peeked) if detect else config.adapter
+    except ValueError as error:
+        problems.append(str(error))
+        return config.adapter
 
 
 def run_preprocess(config: PreprocessConfig, ray_address: str | None = None) -> PreprocessSummary:

@@ -126,7 +126,7 @@ def get_feed(name: str = DEFAULT_FEED_NAME, namespace: str = DEFAULT_NAMESPACE) 
     except ValueError:
         raise FeedNotFoundError(
             f"no prompt feed named {name!r} in Ray namespace {namespace!r}; start one with "
-            "rl_data.prompt_feed.feed.start_prompt_feed (RuntimeConfig.name/namespace must match; a "
+            "rl_data.start_prompt_feed (RuntimeConfig.name/namespace must match; a "
             f"name left at its default registers as {DEFAULT_FEED_NAME!r}) and check that its job is still running"
         ) from None
 

@@ -71,12 +71,13 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl_data.batched_data_dict import PooledList
+from rl_data.config_blocks import ConfigError
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
     load_checkpoint_file,
     save_checkpoint_file,
 )
-from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig
+from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig, start_problems
 from rl_data.distributed.rank_pool import RankPool, holds_actor_name, spawn_rank_actor
 from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
@@ -94,6 +95,7 @@ __all__ = [
     "check_prompt_spec",
     "feed_runtime_config",
     "holds_actor_name",
+    "prompt_spec_problems",
     "spawn_rank_actor",
     "start_prompt_feed",
 ]
@@ -116,29 +118,42 @@ class FeedConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_outstanding: int = Field(ge=1)
-    take_wait_s: float = Field(default=0.0, ge=0)
+    max_outstanding: int = Field(ge=1, description="Prompts handed out and not yet acked, dropped or released, at most.")
+    take_wait_s: float = Field(
+        default=0.0, ge=0, description="Seconds take waits by default for room in the window (0: never waits)."
+    )
 
 
-def check_prompt_spec(spec: LoaderSpec) -> None:
-    """Refuse a loader that does not read prompts (``rl_prompt``, or another task with
-    ``Task.prompt_batches``) for training in exact passes (epoch e = pass e) or in ``virtual``
-    mode (one endless epoch 0: what a mixture of datasets gives)."""
+def prompt_spec_problems(spec: LoaderSpec) -> list[str]:
+    """What a prompt feed refuses in ``spec`` ([]: nothing): a task whose batches are not prompts
+    (``rl_prompt``, or another task with ``Task.prompt_batches``), a validation split, or exact
+    passes cut into loops (epoch e must be pass e; ``virtual`` mode is one endless epoch 0, what a
+    mixture of datasets gives)."""
     problems = []
-    if spec.data_config.energon.task != PROMPT_TASK and not spec.task().prompt_batches:  # rl_prompt: no import here
+    task = spec.data_config.energon.task
+    if task != PROMPT_TASK and not spec.task().prompt_batches:  # rl_prompt: no import here
         problems.append(
-            "a task whose batches are not prompts (Task.prompt_batches is False): "
-            f"data_config['energon']['task'] is {spec.data_config.energon.task!r}, expected {PROMPT_TASK!r}"
+            f"data_config['energon']['task'] is {task!r}, a task whose batches are not prompts "
+            f"(Task.prompt_batches is False), expected {PROMPT_TASK!r}; set it to {PROMPT_TASK!r} (or a task with prompt batches)"
         )
     if spec.split_role != "train":
-        problems.append(f"split_role is {spec.split_role!r}, expected 'train'")
+        problems.append(
+            f"split_role is {spec.split_role!r}, expected 'train': a feed hands out training prompts; set split_role 'train'"
+        )
     if spec.source.epoch_mode == "exact" and spec.source.virtual_epoch_length != 0:
         problems.append(
             f"source has epoch_mode 'exact' and virtual_epoch_length {spec.source.virtual_epoch_length}, "
-            "expected 0 (one pass per epoch), or epoch_mode 'virtual' (one endless epoch)"
+            "expected 0 (one pass per epoch), or epoch_mode 'virtual' (one endless epoch); set one of them"
         )
+    return problems
+
+
+def check_prompt_spec(spec: LoaderSpec) -> None:
+    """Refuse a loader spec that a prompt feed cannot serve (:func:`prompt_spec_problems`) with one
+    :class:`~rl_data.config_blocks.ConfigError`."""
+    problems = prompt_spec_problems(spec)
     if problems:
-        raise ValueError("a prompt feed needs RL prompts in exact passes or one endless epoch: " + "; ".join(problems))
+        raise ConfigError("a prompt feed needs RL prompts in exact passes or one endless epoch", problems)
 
 
 def feed_runtime_config(config: RuntimeConfig) -> RuntimeConfig:
@@ -442,10 +457,29 @@ def start_prompt_feed(
     *,
     placement_group: Any = None,
     bundle_of_rank: Optional[Sequence[int]] = None,
+    check_datasets: bool = True,
 ) -> Any:
     """Create the named feed actor (``config.name``, or :data:`DEFAULT_FEED_NAME` when it was left
-    at the coordinator's default, in ``config.namespace``), wait until every rank is ready."""
-    check_prompt_spec(loader_spec)
+    at the coordinator's default, in ``config.namespace``), wait until every rank is ready.
+
+    First, on the driver, before any actor or placement group starts: every problem of the
+    arguments, the datasets' metadata, the processor factory (``start_problems``) and what a feed
+    cannot serve (:func:`prompt_spec_problems`) is raised as one :class:`~rl_data.config_blocks.ConfigError`.
+
+    ``check_datasets=False`` skips the dataset checks, for a driver that cannot read the datasets
+    (e.g. a head node without the shared mount the rank actors read): a rank then refuses a bad
+    path when it builds its loader.
+    """
+    problems = start_problems(
+        config, loader_spec, placement_group=placement_group, bundle_of_rank=bundle_of_rank, check_datasets=check_datasets
+    )
+    if isinstance(loader_spec, LoaderSpec):
+        problems += prompt_spec_problems(loader_spec)
+    if not isinstance(feed_config, FeedConfig):
+        problems.append(f"feed_config is a {type(feed_config).__name__}, expected a FeedConfig; build one with FeedConfig(...)")
+    if problems:
+        name = feed_runtime_config(config).name if isinstance(config, RuntimeConfig) else DEFAULT_FEED_NAME
+        raise ConfigError(f"prompt feed {name!r} was not started", problems)
     config = feed_runtime_config(config)
     handle = (
         ray.remote(PromptFeed)

@@ -1,66 +1,87 @@
-"""Ray metrics of a prompt feed (``ray.util.metrics``, exported as ``ray_<name>``, counters ``_total``).
+"""Ray metrics of a prompt feed, declared as data (:data:`METRICS`) and created on first use.
 
-Every series has the tag ``feed`` (the feed's ``RuntimeConfig.name``):
-
-* counters ``rl_data_feed_taken`` (prompts handed out, re-hand-outs included),
-  ``rl_data_feed_acks``, ``rl_data_feed_drops`` (also tagged ``reason``), ``rl_data_feed_releases``,
-  ``rl_data_feed_restores`` (tag ``kind``: ``checkpoint`` into a fresh feed, ``rewind`` of a
-  live feed, or ``rank_recovery``);
-* gauges ``rl_data_feed_outstanding`` (prompts handed out and unresolved),
-  ``rl_data_feed_oldest_outstanding_age_seconds`` (0 with none outstanding),
-  ``rl_data_feed_low_water_mark_epoch`` and ``rl_data_feed_low_water_mark_position`` (the oldest
-  unresolved uid: where a checkpoint replays from), ``rl_data_feed_epoch`` (the epoch being read).
-
-Rates (acks/s, ...) are ``rate(ray_rl_data_feed_acks_total[1m])`` in Prometheus/Grafana. The
-rank actors of a feed record the rank metrics of :mod:`rl_data.distributed.metrics` with
-``coordinator=<feed name>``.
+Every series has the tag ``feed`` (the feed's ``RuntimeConfig.name``) and is exported as
+``ray_<name>`` (counters with ``_total``). Rates (acks/s, ...) are
+``rate(ray_rl_data_feed_acks_total[1m])`` in Prometheus/Grafana. The rank actors of a feed
+record the rank metrics of :mod:`rl_data.distributed.metrics` with ``coordinator=<feed name>``.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from rl_data.distributed.metrics import TAGS as RUNTIME_TAGS
+from rl_data.distributed.metrics import MetricDefinition, RestoreKind, create_all
+
+#: What each tag of the feed's metrics holds.
+TAGS: dict[str, str] = {
+    "feed": "the feed's `RuntimeConfig.name`",
+    "reason": "the reason string the trainer gave to `drop`",
+    "kind": RUNTIME_TAGS["kind"],
+}
 FEED_TAGS = ("feed",)
 DROP_TAGS = ("feed", "reason")
 RESTORE_TAGS = ("feed", "kind")
 
+TAKEN = MetricDefinition(
+    "rl_data_feed_taken", "counter", "Prompts handed out by take (re-hand-outs included)", FEED_TAGS
+)
+ACKS = MetricDefinition("rl_data_feed_acks", "counter", "Prompts acked (trained)", FEED_TAGS)
+DROPS = MetricDefinition(
+    "rl_data_feed_drops", "counter", "Prompts dropped (consumed without training), by reason", DROP_TAGS
+)
+RELEASES = MetricDefinition(
+    "rl_data_feed_releases", "counter", "Prompts released (given back to be handed out again)", FEED_TAGS
+)
+RESTORES = MetricDefinition(
+    "rl_data_feed_restores",
+    "counter",
+    "Checkpoint loads and dead ranks replaced and restored, by kind",
+    RESTORE_TAGS,
+)
+OUTSTANDING = MetricDefinition(
+    "rl_data_feed_outstanding", "gauge", "Prompts handed out and not resolved", FEED_TAGS
+)
+OLDEST_OUTSTANDING_AGE = MetricDefinition(
+    "rl_data_feed_oldest_outstanding_age_seconds",
+    "gauge",
+    "Age of the oldest outstanding hand-out, in seconds (0 with none outstanding)",
+    FEED_TAGS,
+)
+LOW_WATER_MARK_EPOCH = MetricDefinition(
+    "rl_data_feed_low_water_mark_epoch",
+    "gauge",
+    "Epoch of the oldest unresolved uid (where a checkpoint replays from)",
+    FEED_TAGS,
+)
+LOW_WATER_MARK_POSITION = MetricDefinition(
+    "rl_data_feed_low_water_mark_position",
+    "gauge",
+    "Position of the oldest unresolved uid in its epoch",
+    FEED_TAGS,
+)
+EPOCH = MetricDefinition("rl_data_feed_epoch", "gauge", "The epoch the feed reads", FEED_TAGS)
 
-@dataclass(frozen=True)
-class _Definitions:
-    taken: Any
-    acks: Any
-    drops: Any
-    releases: Any
-    restores: Any
-    outstanding: Any
-    oldest_age: Any
-    low_water_mark_epoch: Any
-    low_water_mark_position: Any
-    epoch: Any
+#: Every metric of a prompt feed, in the order the reference lists them.
+METRICS: tuple[MetricDefinition, ...] = (
+    TAKEN,
+    ACKS,
+    DROPS,
+    RELEASES,
+    RESTORES,
+    OUTSTANDING,
+    OLDEST_OUTSTANDING_AGE,
+    LOW_WATER_MARK_EPOCH,
+    LOW_WATER_MARK_POSITION,
+    EPOCH,
+)
 
 
 @functools.cache
-def _definitions() -> _Definitions:
-    from ray.util.metrics import Counter, Gauge
-
-    return _Definitions(
-        taken=Counter("rl_data_feed_taken", "Prompts handed out by take (re-hand-outs included)", FEED_TAGS),
-        acks=Counter("rl_data_feed_acks", "Prompts acked (trained)", FEED_TAGS),
-        drops=Counter("rl_data_feed_drops", "Prompts dropped (consumed without training), by reason", DROP_TAGS),
-        releases=Counter("rl_data_feed_releases", "Prompts released (given back to be handed out again)", FEED_TAGS),
-        restores=Counter("rl_data_feed_restores", "Checkpoint loads and rank recoveries", RESTORE_TAGS),
-        outstanding=Gauge("rl_data_feed_outstanding", "Prompts handed out and not resolved", FEED_TAGS),
-        oldest_age=Gauge(
-            "rl_data_feed_oldest_outstanding_age_seconds", "Age of the oldest outstanding hand-out", FEED_TAGS
-        ),
-        low_water_mark_epoch=Gauge("rl_data_feed_low_water_mark_epoch", "Epoch of the oldest unresolved uid", FEED_TAGS),
-        low_water_mark_position=Gauge(
-            "rl_data_feed_low_water_mark_position", "Position of the oldest unresolved uid in its epoch", FEED_TAGS
-        ),
-        epoch=Gauge("rl_data_feed_epoch", "The epoch the feed reads", FEED_TAGS),
-    )
+def _created() -> dict[str, Any]:
+    """Every metric of :data:`METRICS`, created on first use in this process."""
+    return create_all(METRICS)
 
 
 class FeedMetrics:
@@ -71,30 +92,30 @@ class FeedMetrics:
 
     def record_taken(self, count: int) -> None:
         if count:
-            _definitions().taken.inc(count, self._tags)
+            _created()[TAKEN.name].inc(count, self._tags)
 
     def record_acked(self, count: int) -> None:
         if count:
-            _definitions().acks.inc(count, self._tags)
+            _created()[ACKS.name].inc(count, self._tags)
 
     def record_dropped(self, count: int, reason: str) -> None:
         if count:
-            _definitions().drops.inc(count, {**self._tags, "reason": reason})
+            _created()[DROPS.name].inc(count, {**self._tags, "reason": reason})
 
     def record_released(self, count: int) -> None:
         if count:
-            _definitions().releases.inc(count, self._tags)
+            _created()[RELEASES.name].inc(count, self._tags)
 
-    def record_restore(self, kind: Literal["checkpoint", "rewind", "rank_recovery"]) -> None:
-        _definitions().restores.inc(1, {**self._tags, "kind": kind})
+    def record_restore(self, kind: RestoreKind) -> None:
+        _created()[RESTORES.name].inc(1, {**self._tags, "kind": kind})
 
     def record_levels(
         self, *, outstanding: int, oldest_age_s: float, low_water_mark: tuple[int, int], epoch: int
     ) -> None:
         """The gauges (after every call, and every second for the age)."""
-        metrics = _definitions()
-        metrics.outstanding.set(outstanding, self._tags)
-        metrics.oldest_age.set(oldest_age_s, self._tags)
-        metrics.low_water_mark_epoch.set(low_water_mark[0], self._tags)
-        metrics.low_water_mark_position.set(low_water_mark[1], self._tags)
-        metrics.epoch.set(epoch, self._tags)
+        metrics = _created()
+        metrics[OUTSTANDING.name].set(outstanding, self._tags)
+        metrics[OLDEST_OUTSTANDING_AGE.name].set(oldest_age_s, self._tags)
+        metrics[LOW_WATER_MARK_EPOCH.name].set(low_water_mark[0], self._tags)
+        metrics[LOW_WATER_MARK_POSITION.name].set(low_water_mark[1], self._tags)
+        metrics[EPOCH.name].set(epoch, self._tags)

@@ -39,7 +39,7 @@ class ProcessorAdapter:
     add_bos: bool = True
     add_eos: bool = True
     add_generation_prompt: bool = False
-    #: what to do with the tokenizer's special tokens inside message text (see README
+    #: what to do with the tokenizer's special tokens inside message text (docs: tasks and tokenizers,
     #: "Control text policy"): ``"reject"`` the sample, or encode it as ``"plain_text"``
     control_text: str = "reject"
     #: ``TaskDataSpec.prompt``: the first user turn's text becomes ``prompt.format(text)``
