@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 BUILD_TIMEOUT_S = 600
@@ -21,6 +23,7 @@ def test_the_generated_reference_pages_are_current():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # ~30 s of CPU: CI builds it (the generated pages are checked in both runs)
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
     """A fresh build (-E) into a temporary folder: every page is read, so every warning shows."""
     result = _run(

@@ -140,7 +140,7 @@ def test_identity_names_the_preference_components_and_refuses_the_sft_encoder(da
 def test_packing_is_refused(dataset, tokenizer):
     root, _, _ = dataset
     # refused by the spec's checks, before any loader part is built (on the driver for a LoaderSpec)
-    with pytest.raises(ValueError, match=r"^task 'preference' does not pack its samples, but packing_algorithm is 'first_fit_decreasing'; remove packing_algorithm"):
+    with pytest.raises(ValueError, match=r"task 'preference' does not pack its samples, but packing_algorithm is 'first_fit_decreasing'; remove packing_algorithm"):
         preference_loader(
             root,
             tokenizer,

@@ -35,6 +35,7 @@ MODULES = (
     "rl_data.distributed.coordinator",
     "rl_data.distributed.rank_actor",
     "rl_data.energon.sft_dataloader",
+    "rl_data.tokenization.tokenizer",
     "rl_data.tasks.chat_sft",
 )
 
