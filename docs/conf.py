@@ -43,7 +43,8 @@ autodoc_typehints_format = "short"
 autodoc_member_order = "bysource"
 autodoc_class_signature = "mixed"
 autodoc_default_options = {"exclude-members": "model_config, model_fields, model_computed_fields"}
-toc_object_entries_show_parents = "hide"
+# The "on this page" lists show the sections, not every class, function and method.
+toc_object_entries = False
 # `--flag` stays two hyphens, quotes stay straight (command lines and code in prose).
 smartquotes = False
 python_use_unqualified_type_names = True
