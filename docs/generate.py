@@ -464,7 +464,7 @@ def metrics_table() -> str:
     return "".join(
         [
             HEADER,
-            table(["Prometheus series", "Type", "Tags", "Meaning"], rows),
+            "{.metrics-table}\n" + table(["Prometheus series", "Type", "Tags", "Meaning"], rows),
             "\n",
             table(["Tag", "Value"], ([f"`{t}`", md_text(m)] for t, m in sorted(tags.items()))),
         ]
