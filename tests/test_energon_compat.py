@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from energon_fixtures import batch_source_ids, build_small_train_loader
@@ -28,6 +29,7 @@ from packaging.specifiers import SpecifierSet
 
 from rl_data.energon import compat
 from rl_data.energon.compat import installation, internals
+from rl_data.energon.compat.loader import watchdog_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rl_data"
@@ -130,13 +132,6 @@ def test_a_loader_is_refused_before_install(monkeypatch):
         compat.SavableLoader(None)
 
 
-def _watchdog_of(loader):
-    dataset = loader.dataset.dataset
-    while not isinstance(dataset, compat.WatchdogDataset):
-        dataset = dataset.dataset
-    return dataset
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 2], ids=["0_workers", "2_workers"])
 def test_a_loader_runs_rl_datas_classes_under_energons_names(energon_dataset, tokenizer, workers):
@@ -144,7 +139,7 @@ def test_a_loader_runs_rl_datas_classes_under_energons_names(energon_dataset, to
     energon_loader = loader._loader
     try:
         assert type(energon_loader) is compat.SavableLoader
-        watchdog = _watchdog_of(energon_loader)
+        watchdog = watchdog_of(energon_loader.dataset)
         assert type(watchdog) is compat.WatchdogDataset
         if workers:
             assert type(energon_loader.dataset) is compat.SavableDatasetWrapper
@@ -359,5 +354,49 @@ def test_internals_reads_work_on_a_real_loader(energon_dataset, tokenizer):
         next(batches), next(batches)
         worker, sample_index = internals.last_emitted(loader._loader)
         assert (worker, sample_index) == (1, 0)  # the second batch: worker 1's first item
+    finally:
+        loader.close()
+
+
+# -- fix 4: open tar files forget their members -----------------------------------------------
+
+
+def _reading_pipeline(loader: Any) -> Any:
+    """The dataset the loader's process reads samples through (no workers): under the watchdog."""
+    return watchdog_of(loader._loader.dataset)
+
+
+def _members_held(readers: list[Any]) -> tuple[int, int]:
+    """``(open tar files, TarInfo objects they hold)`` over ``readers``."""
+    files = [tar for reader in readers for tar in reader.itar_files_cache.values()]
+    return len(files), sum(len(tar.members) for tar in files)
+
+
+def test_energons_open_shards_keep_a_tarinfo_per_member_read(energon_dataset, tokenizer):
+    """Energon's behaviour, which fix 4 bounds (the upstream report's reproduction): every sample
+    read through a tar reader leaves its members' ``TarInfo`` in the open shard's ``members``.
+    When this fails, Energon stopped keeping them: fix 4 can go."""
+    loader = build_small_train_loader(energon_dataset, tokenizer, num_workers=0)
+    try:
+        (reader,) = internals.tar_readers(_reading_pipeline(loader))
+        for index in range(24):  # two shards of 12 samples, read directly
+            reader[index]
+        files, members = _members_held([reader])
+        assert (files, members) == (2, 24)  # each sample here is one tar member (<key>.json)
+    finally:
+        loader.close()
+
+
+def test_a_loader_read_for_many_epochs_holds_no_tar_members(energon_dataset, tokenizer):
+    loader = build_small_train_loader(energon_dataset, tokenizer, num_workers=0)
+    try:
+        readers = internals.tar_readers(_reading_pipeline(loader))
+        assert len(readers) == 1
+        held = []
+        for _ in range(3):  # each for loop is one pass of the 192 train samples (96 batches of 2)
+            for _batch in loader:
+                held.append(_members_held(readers))
+        assert len(held) > 3 * 90 and max(files for files, _ in held) >= 2  # shards stayed open ...
+        assert {members for _, members in held} == {0}  # ... holding no member of the samples read
     finally:
         loader.close()

@@ -17,6 +17,8 @@ from restore_check import assert_restores_at_every_step, torch_roundtrip
 from rl_data.config_blocks import ConfigError
 from rl_data.energon.config import EnergonSourceConfig
 from rl_data.energon.sft_dataloader import build_energon_sft_loader
+from rl_data.energon.compat import internals
+from rl_data.energon.compat.loader import watchdog_of
 
 WEIGHTS = {"math": 0.5, "code": 0.3, "chat": 0.2}
 #: Batches of 4 of up to 256 tokens, small shuffle buffers.
@@ -85,6 +87,9 @@ def test_member_proportions_over_5000_samples_follow_the_weights(members, tokeni
     # the loader's own per-member count (source_datasets column) agrees with the sample ids
     assert all(batch["source_datasets"] == [member_of[k] for k in batch["source_ids"]] for batch in batches)
     assert loader.mixture["counts"] == dict(counts) and loader.mixture["batches"] == 1250
+    # each member read ~5 times over: its open shards keep no tar member (compat fix 4, one reader per member)
+    readers = internals.tar_readers(watchdog_of(loader._loader.dataset))
+    assert len(readers) == 3 and sum(len(tar.members) for r in readers for tar in r.itar_files_cache.values()) == 0
     loader.close()
 
 

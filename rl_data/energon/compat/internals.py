@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
 from megatron.energon.savable_loader import (
     SavableCheckpoint,
     SavableDataLoader,
     SavableDatasetCheckpoint,
     SavableDatasetWrapper,
 )
+from megatron.energon.wrappers.base import BaseWrapperDataset
 
 
 def last_emitted(loader: SavableDataLoader) -> tuple[int, int]:
@@ -120,3 +122,35 @@ def shut_down(loader: SavableDataLoader) -> None:
     if worker_iterator is not None and hasattr(worker_iterator, "_shutdown_workers"):
         worker_iterator._shutdown_workers()
         loader._iterator = None
+
+
+def tar_readers(dataset: Any) -> list[Any]:
+    """Every tar reader under ``dataset`` (the ``ITarReader`` of each webdataset it reads: several
+    for a blend or a join).
+
+    Walks ``BaseWrapperDataset.datasets`` down to each ``WebdatasetSampleLoaderDataset`` and reads
+    its ``join_readers``: the readers whose open tar files keep a ``TarInfo`` per member read
+    (fix 4 of :mod:`rl_data.energon.compat.loader`).
+    """
+    readers, pending = [], [dataset]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, WebdatasetSampleLoaderDataset):
+            readers += node.join_readers
+        elif isinstance(node, BaseWrapperDataset):
+            pending += node.datasets
+    return readers
+
+
+def forget_tar_members(readers: list[Any]) -> None:
+    """Empty the ``members`` list of every tar file ``readers`` hold open.
+
+    Reads ``ITarReader.itar_files_cache`` (the shards a reader keeps open, up to its
+    ``itar_cache_size``) and clears ``tarfile.TarFile.members``, to which ``TarFile.next()`` appends
+    every member it reads: Energon reads a sample member by member with ``next()`` and opens each by
+    the ``TarInfo`` it got (``extractfile(tarinfo)``), never looking one up in that list.
+    """
+    for reader in readers:
+        for tar_file in reader.itar_files_cache.values():
+            if tar_file.members:
+                tar_file.members.clear()

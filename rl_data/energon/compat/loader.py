@@ -22,6 +22,13 @@ Fixes:
 3. ``WatchdogDataset.__iter__`` starts a ``Watchdog`` thread per iteration and never finishes it:
    the thread polls every second for the life of the process, one more per pass, restore and
    loader. :meth:`WatchdogDataset.__iter__` finishes its watchdog when it ends or is closed.
+4. Energon's tar readers keep up to ``parallel_shard_iters`` shards open and read each sample with
+   ``TarFile.next()``, which appends a ``TarInfo`` to the open file's ``members`` for every tar
+   member it reads and never drops them: a shard that stays open grows by every sample read from
+   it, every epoch (~0.5 KB a sample; without bound over a small dataset read for many epochs).
+   :meth:`WatchdogDataset.__iter__`, which runs where the samples are read (each worker process,
+   or the loader's process without workers), empties those lists after every item it yields;
+   Energon looks members up by the ``TarInfo`` it just read, never in that list.
 
 Worker additions, in one :meth:`SavableDatasetWrapper.__iter__`: the hold of
 :mod:`rl_data.energon.worker_hold` around Energon's iteration, and inside it the checkpoints sent
@@ -30,6 +37,7 @@ with the items (:mod:`rl_data.energon.worker_checkpoints`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,9 +94,18 @@ class SavableDatasetWrapper(EnergonSavableDatasetWrapper):
 
 
 class WatchdogDataset(EnergonWatchdogDataset):
-    """Energon's watchdog, whose thread ends with the iteration (fix 3)."""
+    """Energon's watchdog, whose thread ends with the iteration (fix 3), and the outermost dataset
+    of the reading process, where the open tar files forget their members (fix 4)."""
 
     def __iter__(self) -> Iterator[Any]:
+        readers = internals.tar_readers(self.dataset)
+        with contextlib.closing(self._watched()) as items:
+            for item in items:
+                internals.forget_tar_members(readers)
+                yield item
+
+    def _watched(self) -> Iterator[Any]:
+        """Energon's iteration under a watchdog that ends with it."""
         if self.timeout_seconds is None:
             yield from self.dataset
             return
@@ -117,7 +134,7 @@ class SavableLoader(SavableDataLoader):
         super().__init__(dataset, **options)
         if self.num_workers > 0:
             _adopt(self.dataset, SavableDatasetWrapper)
-        _adopt(_watchdog_of(self.dataset), WatchdogDataset)
+        _adopt(watchdog_of(self.dataset), WatchdogDataset)
 
     def restore_state_rank(self, state: SavableDataLoaderState | None) -> None:
         """Energon's ``restore_state_rank``, whose per-worker counters include the offset (fix 2)."""
@@ -137,7 +154,7 @@ def _restored_index(checkpoint: SavableDatasetCheckpoint) -> int:
     return 0 if checkpoint.state is None else checkpoint.state.sample_index
 
 
-def _watchdog_of(wrapper: Any) -> EnergonWatchdogDataset:
+def watchdog_of(wrapper: Any) -> EnergonWatchdogDataset:
     """The watchdog ``SavableDataLoader.__init__`` put under its worker wrapper (and its GC dataset)."""
     dataset = wrapper.dataset
     while not isinstance(dataset, EnergonWatchdogDataset):
