@@ -22,6 +22,7 @@ RUN_SLOW = "--run-slow"
 #: the short modules fill in at the end instead of one long module running alone.
 HEAVIEST_MODULES_FIRST = (
     "test_examples.py",
+    "test_soak.py",
     "test_benchmarks_smoke.py",
     "test_integration_ray_train.py",
     "test_prompt_feed.py",

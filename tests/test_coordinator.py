@@ -458,3 +458,42 @@ def test_a_checkpoint_written_by_the_previous_release_restores_and_continues_exa
     saved = str(Path(__file__).parent / "data" / "checkpoint_stop17")
     assert ray.get(coordinator.load_checkpoint.remote(saved), timeout=TIMEOUT_S) == 2
     assert consume(ray, coordinator, 2) == cached_reference_stream(spec, config, tokenizer, 4)[2:4]
+
+
+@pytest.mark.parametrize(
+    "dp, release_delay_steps", [(2, 2), (1, 2), (2, 0)], ids=["shard-refs", "merged-refs", "no-delay-shows-ray-keeping-them"]
+)
+def test_the_coordinator_keeps_no_batch_its_consumer_released(ray_session, dp, release_delay_steps):
+    """A consumer takes 150 steps, committing each while it still holds the step's refs (the loop
+    users write). The coordinator's in-process store then holds only the batches of the steps
+    still release-delayed: it releases each step's refs ``release_delay_steps`` steps after their
+    commit, so the consumer's release comes first. Without the delay every batch stays (Ray keeps
+    an owned object's entry when a borrower's release is the last): the third case shows it, so
+    the first two can fail."""
+    ray = ray_session
+    steps, ranks = 150, 2
+    config = runtime_config(
+        ranks, 1, name="memory_bound", logical_world_size=ranks, parallel_layout=ParallelLayout(dp=dp),
+        release_delay_steps=release_delay_steps,
+    )  # fmt: skip
+    with running_coordinator(ray, config, SYNTHETIC) as coordinator:
+        before = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["objects_in_memory"]
+        for _ in range(steps):
+            step, refs = ray.get(coordinator.next_step.remote(), timeout=TIMEOUT_S)
+            batches = ray.get(refs, timeout=TIMEOUT_S)
+            assert len(batches) == dp
+            ray.get(coordinator.commit.remote(step), timeout=TIMEOUT_S)
+        del refs, batches
+
+        def held() -> int:
+            return ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["objects_in_memory"] - before
+
+        # the delayed steps, each with its shard refs and merged refs, and one step of slack
+        bound = (1 + release_delay_steps) * (ranks + (dp if dp < ranks else 0))
+        if release_delay_steps:
+            wait_for(lambda: held() <= bound, f"the coordinator to hold at most {bound} objects (holds {held()})")
+            status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)
+            assert status["refs_release_delayed"] == release_delay_steps * ranks, status
+        else:
+            time.sleep(1.0)  # the consumer's releases have reached the coordinator
+            assert held() >= 0.9 * steps * ranks

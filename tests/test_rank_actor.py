@@ -288,3 +288,34 @@ def test_status_counts_the_zero_loss_samples_it_handed_out_and_the_heap_the_load
     assert 0 < zero_loss < handed == 24  # a 64-token limit cuts some chitchat conversations, not all
     assert (status["handed_out_samples"], status["zero_loss_samples"]) == (handed, zero_loss)
     assert status["dropped_samples"] == 0 and status["skipped_samples"] == 0
+
+
+class _FreezeCounting(RankActor):
+    """A rank actor that reports how many objects its process keeps frozen (out of the collector's reach)."""
+
+    async def frozen_objects(self) -> int:
+        import gc
+
+        return gc.get_freeze_count()
+
+
+def test_rewinds_without_workers_leave_no_loader_frozen(ray_session, energon_dataset):
+    """Without Energon workers a loader freezes the heap at its first item; a rewind's close of the
+    old loader gives that back and collects, so its reference cycles go. Before, ~475 more objects
+    stayed frozen for good at every rewind (~200 KB: 0.6 MB per 1,000 batches with a rewind every 250)."""
+    ray = ray_session
+    actor = ray.remote(_FreezeCounting).options(num_cpus=0.25).remote(
+        rank=0, world_size=2, placement_fingerprint=FINGERPRINT, loader_spec=train_spec(energon_dataset), prefetch_depth=1,
+    )  # fmt: skip
+    try:
+        _, state = actor.next_batch.remote()
+        state = ray.get(state, timeout=TIMEOUT_S)
+        frozen = []
+        for _ in range(5):
+            ray.get(actor.load_state_dict.remote(state), timeout=TIMEOUT_S)  # a rewind: a new loader
+            for _ in range(3):
+                ray.get(actor.next_batch.remote()[0], timeout=TIMEOUT_S)
+            frozen.append(ray.get(actor.frozen_objects.remote(), timeout=TIMEOUT_S))
+        assert max(frozen[1:]) - min(frozen[1:]) < 100, frozen
+    finally:
+        ray.kill(actor, no_restart=True)

@@ -72,3 +72,33 @@ def test_a_replacement_reproduces_pending_batches_and_a_restore_starts_over():
     assert book.step_to_hand_out(None) == 6
     book.reset(1, _states("restored"), origin=True)
     assert book.origin == (1, _states("restored"))
+
+
+class _Ref:
+    """Stands for an ObjectRef: the test sees when the book lets go of it (a weak reference dies)."""
+
+
+def test_a_step_done_with_keeps_its_refs_for_the_release_delay_then_lets_go():
+    import gc
+    import weakref
+
+    book = StepBook(release_delay=2)
+    book.reset(0, _states("start"), origin=True)
+    alive = {}
+    for step in range(1, 6):
+        refs = [_Ref(), _Ref()]
+        alive[step] = [weakref.ref(ref) for ref in refs]
+        book.hand_out(refs, _states(f"step{step}"))
+    del refs
+
+    def held_steps() -> list[int]:
+        gc.collect()
+        return [step for step, weak in alive.items() if all(w() is not None for w in weak)]
+
+    book.commit(1)
+    assert held_steps() == [1, 2, 3, 4, 5] and len(book.released) == 2  # 1 delayed, 2..5 pending
+    book.commit(3)  # one group per step: a commit of many steps keeps only the last two
+    assert held_steps() == [2, 3, 4, 5] and len(book.released) == 4
+    book.reset(3, _states("step3"), origin=False)  # a rewind: the pending steps 4, 5 are delayed too
+    assert held_steps() == [4, 5] and len(book.released) == 4
+    assert StepBook().released.__len__() == 0  # no delay by default: nothing is held after a commit

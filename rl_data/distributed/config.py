@@ -91,6 +91,13 @@ class RuntimeConfig(_Strict):
     max_rank_restarts: int = Field(
         default=3, ge=0, description="Deaths of one rank actor replaced over the whole run before the run fails."
     )
+    release_delay_steps: int = Field(
+        default=2, ge=0,
+        description="Steps after its commit (or a rewind) that the coordinator still holds a step's batch refs, so "
+        "that consumers release them first: Ray keeps an owned object in its owner's memory for good when a "
+        "borrower's release is the last. Raise it for consumers that hold batches longer; each step held "
+        "stays in the object store.",
+    )  # fmt: skip
     injected_delay_s: dict[int, float] = Field(
         default_factory=dict,
         description="Fault injection for tests only: seconds rank r sleeps before producing each batch.",

@@ -93,7 +93,7 @@ from rl_data.distributed.rank_pool import (
     refuse_if_restore_failed,
 )
 from rl_data.distributed.shard_map import shard_assignment
-from rl_data.distributed.step_book import StepBook
+from rl_data.distributed.step_book import DelayedRelease, StepBook
 from rl_data.stateful import envelope, open_envelope
 
 __all__ = [
@@ -147,13 +147,13 @@ class DataCoordinator:
         # ranks start instead of when their first state arrives.
         threading.Thread(target=importlib.import_module, args=("torch",), name="import-torch", daemon=True).start()
         self._lock = asyncio.Lock()
-        self._book = StepBook()
+        self._book = StepBook(config.release_delay_steps)
         self._next_calls: dict[int, Any] = {}  # rank -> outstanding next_batch call
         self._recoveries: dict[int, _Recovery] = {}  # rank -> its replacement, until caught up
         self._producing = False  # next_step produced (or tried to) since creation or the last restore
         self._rewinds = 0
         self._saved_deferred = 0  # rank states checkpoints took as handed out (not completed)
-        self._dp = _DPHandOut(config.parallel_layout.dp)
+        self._dp = _DPHandOut(config.parallel_layout.dp, config.release_delay_steps)
 
     async def ready(self) -> dict[str, Any]:
         """Wait for the placement group and every rank's loader; return :meth:`status`."""
@@ -314,7 +314,8 @@ class DataCoordinator:
     async def status(self) -> dict[str, Any]:
         """Steps, restarts and what every rank is doing (ranks that do not answer are marked)."""
         return {
-            **await self._pool.status(),  # placement_fingerprint, restarts, restore_failure, rank_actor_names, ranks
+            # placement_fingerprint, restarts, restore_failure, rank_actor_names, ranks, objects_in_memory
+            **await self._pool.status(),
             "pid": os.getpid(),
             "handed_step": self._book.handed_step,
             "committed_step": self._book.committed_step,
@@ -325,6 +326,8 @@ class DataCoordinator:
             # rank states checkpoints hold without the packing buffers' samples (a rank could
             # not complete them): exact, their restore encodes those samples again
             "states_saved_deferred": self._saved_deferred,
+            # refs of committed (or rewound) steps held for release_delay_steps
+            "refs_release_delayed": len(self._book.released),
         }
 
     async def shutdown(self) -> None:
@@ -429,10 +432,11 @@ class _DPHandOut:
     task per DP rank over its shards, made once per set of shard refs (a rank that re-produced its
     batch gets its DP rank a new merge)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, release_delay: int) -> None:
         self.size = size
         self.merge_spec: Optional[dict[str, Any]] = None  # from rank 0, when DP ranks merge shards
         self._made: dict[int, tuple[tuple[Any, ...], list[Any]]] = {}  # step -> (shard refs, DP refs)
+        self._released = DelayedRelease(release_delay)  # as the StepBook's refs
 
     def refs(self, step: int, shard_refs: Sequence[Any]) -> list[Any]:
         shard_refs = tuple(shard_refs)
@@ -448,9 +452,12 @@ class _DPHandOut:
         return list(made[1])
 
     def forget(self, steps: Optional[Sequence[int]] = None) -> None:
-        """Drop the merges of ``steps`` (committed), or of every step (a restore)."""
-        for step in list(self._made) if steps is None else steps:
-            self._made.pop(step, None)
+        """Drop the merges of ``steps`` (committed), or of every step (a restore), releasing their
+        refs after the next ones (see :class:`~rl_data.distributed.step_book.DelayedRelease`)."""
+        for step in sorted(self._made) if steps is None else steps:
+            made = self._made.pop(step, None)
+            if made is not None:
+                self._released.hold(made[1])
 
 
 @ray.remote(num_cpus=0)

@@ -45,6 +45,7 @@ from rl_data.distributed.placement import (
     remove_leftover_placement_group,
 )
 from rl_data.distributed.rank_actor import COMPLETION_KEY, RankActor, without_completion_key
+from rl_data.distributed.ray_memory import objects_in_memory
 from rl_data.energon.identity import REWEIGHT_HINT, check_restorable
 from rl_data.fingerprint import differences
 logger = logging.getLogger(__name__)
@@ -350,8 +351,10 @@ class RankPool:
         refuse_if_restore_failed(self.restore_failure, call)
 
     async def status(self) -> dict[str, Any]:
-        """``placement_fingerprint``, ``restarts``, ``restore_failure``, ``rank_actor_names`` and
-        ``ranks``: every rank's own status (one that does not answer is marked)."""
+        """``placement_fingerprint``, ``restarts``, ``restore_failure``, ``rank_actor_names``,
+        ``ranks`` (every rank's own status; one that does not answer is marked) and
+        ``objects_in_memory`` (the objects in this process's Ray store: batches below Ray's 100 KB
+        inline limit and markers of larger ones; a number that grows with the steps is a leak)."""
         actors = list(self.actors)
         replies = await asyncio.gather(
             *(asyncio.wait_for(asyncio.wrap_future(a.status.remote().future()), STATUS_TIMEOUT_S) for a in actors),
@@ -370,6 +373,7 @@ class RankPool:
             "restore_failure": self.restore_failure,
             "rank_actor_names": self.names,
             "ranks": ranks,
+            "objects_in_memory": objects_in_memory(),
         }
 
     def shutdown(self) -> None:

@@ -13,29 +13,57 @@ rules, each refused with a ``ValueError`` naming what is pending:
 
 ``origin`` is the checkpoint the coordinator started from: its initial states, or the checkpoint
 restored before its first step (a rewind keeps it).
+
+A step the book is done with (committed, or dropped by a reset) keeps its batch refs for
+``release_delay`` more such steps (:class:`DelayedRelease`), so that the consumers, who borrow the
+refs, release them before the owner does. Ray keeps an owned object's entry in the owner's
+in-process store for good when a borrower's release is the last one (the whole batch below Ray's
+100 KB inline limit, ~0.4 KB above it): released first by the coordinator, every handed-out batch
+would stay in its memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
+
+
+class DelayedRelease:
+    """Holds the last ``steps`` groups of refs given to :meth:`hold`; an older group is released
+    (dropped) when a new one arrives."""
+
+    def __init__(self, steps: int) -> None:
+        self._held: deque[list[Any]] = deque(maxlen=steps)
+
+    def hold(self, refs: Iterable[Any]) -> None:
+        if self._held.maxlen:
+            self._held.append(list(refs))
+
+    def __len__(self) -> int:
+        """Refs held."""
+        return sum(len(group) for group in self._held)
 
 
 class StepBook:
     """Pending and committed steps, with each step's per-rank batch refs and following states."""
 
-    def __init__(self) -> None:
+    def __init__(self, release_delay: int = 0) -> None:
         self.committed_step = 0
         self.committed_states: list[dict[str, Any]] = []  # empty until the ranks are ready
         self.handed_step = 0
         #: pending step -> (batch ref per rank, state after that batch per rank)
         self.pending: dict[int, tuple[list[Any], list[dict[str, Any]]]] = {}
         self.origin: Optional[tuple[int, list[dict[str, Any]]]] = None
+        #: refs of the last ``release_delay`` steps the book was done with (see the module doc)
+        self.released = DelayedRelease(release_delay)
 
     def reset(self, step: int, states: Sequence[dict[str, Any]], *, origin: bool) -> None:
         """Start (again) after ``step`` with ``states`` committed, nothing pending; ``origin``: it is the new origin."""
         self.committed_step = self.handed_step = step
         self.committed_states = list(states)
+        for pending in sorted(self.pending):
+            self.released.hold(self.pending[pending][0])
         self.pending.clear()
         if origin:
             self.origin = (step, list(states))
@@ -85,7 +113,7 @@ class StepBook:
         self.committed_states = list(self.pending[step][1])
         done = list(range(self.committed_step + 1, step + 1))
         for resolved in done:
-            del self.pending[resolved]
+            self.released.hold(self.pending.pop(resolved)[0])
         self.committed_step = step
         return done
 

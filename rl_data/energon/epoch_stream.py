@@ -24,6 +24,7 @@ Energon loader here never ends: it is iterated once, forever, and epochs are cou
 from __future__ import annotations
 
 import gc
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -215,6 +216,7 @@ class RankStream:
         self._delivered = [-1] * self._lanes
         self._iterator: Any = None
         self._pulled = 0
+        self._froze = False  # without workers, the first item froze the heap (given back by close)
         self._resting_state: Any = None  # the Energon state until the first item is pulled
         self.position = StreamPosition()
         self._checkpoints: WorkerCheckpoints | None = None
@@ -236,11 +238,23 @@ class RankStream:
         self.position = position
 
     def close(self) -> None:
-        """Close the Energon iterator (without workers it is a plain generator)."""
+        """Close the Energon iterator (without workers it is a plain generator).
+
+        Without workers, give the collector back what the first item froze, and collect: Energon
+        unfreezes only when its iteration ends, and closing the iterator does not end the inner
+        generator that would (it waits in a reference cycle, frozen itself). Left frozen, or
+        frozen again by the next loader's first item before a full collection, every loader
+        closed in this process (a rank actor's rewinds) would keep its reference cycles for good.
+        """
         if self._hold is not None:
             self._hold.close()
         if self._iterator is not None and hasattr(self._iterator, "close"):
             self._iterator.close()
+        if self._froze:
+            self._froze = False
+            gc.unfreeze()
+            if not sys.is_finalizing():
+                gc.collect()
 
     def _first_item(self) -> Any:
         """The first item, pulled with the heap frozen.
@@ -270,6 +284,7 @@ class RankStream:
             raise
         if self._workers == 0:
             gc.freeze()
+            self._froze = True
         elif not already_frozen:
             gc.unfreeze()
         return item
