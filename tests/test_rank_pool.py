@@ -206,7 +206,8 @@ def test_the_pool_supervises_its_ranks(ray_session):
 
     try:
         status = _run(scenario())
-        assert set(status) == {"placement_fingerprint", "restarts", "restore_failure", "rank_actor_names", "ranks"}
+        assert set(status) == {"placement_fingerprint", "restarts", "restore_failure", "rank_actor_names", "ranks", "objects_in_memory"}
+        assert isinstance(status["objects_in_memory"], int) and status["objects_in_memory"] >= 0
         assert status["placement_fingerprint"] == placement_fingerprint(config_layout(config))
         assert (status["restarts"], status["restore_failure"], status["rank_actor_names"]) == ([2, 0], None, pool.names)
         assert [r["rank"] for r in status["ranks"]] == [0, 1]
