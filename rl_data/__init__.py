@@ -52,6 +52,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "TakenPrompt": ("rl_data.prompt_feed.ledger", _BETA),
     "FeedNotFoundError": ("rl_data.prompt_feed.client", _BETA),
     "UidStateError": ("rl_data.prompt_feed.ledger", _BETA),
+    "Outcome": ("rl_data.prompt_feed.outcomes", _BETA),
+    "ScheduleConfig": ("rl_data.prompt_feed.schedules", _BETA),
+    "DynamicSampler": ("rl_data.prompt_feed.dynamic_sampling", _BETA),
     # Preprocess
     "run_preprocess": ("rl_data.preprocess.pipeline", _STABLE),
     "PreprocessSummary": ("rl_data.preprocess.pipeline", _STABLE),
@@ -111,8 +114,11 @@ if _TYPE_CHECKING:  # what static tools (IDEs, type checkers) see; tests/test_pu
     from rl_data.preprocess.pipeline import PreprocessConfig, PreprocessSummary, run_preprocess
     from rl_data.prompt_data import arithmetic_word_problems, human_eval_prompts, write_gsm8k_rows
     from rl_data.prompt_feed.client import FeedNotFoundError, RolloutClient, TrainerClient, attach_feed, get_feed
+    from rl_data.prompt_feed.dynamic_sampling import DynamicSampler
     from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
     from rl_data.prompt_feed.ledger import TakenPrompt, UidStateError
+    from rl_data.prompt_feed.outcomes import Outcome
+    from rl_data.prompt_feed.schedules import ScheduleConfig
     from rl_data.rewards import math_reward
     from rl_data.sample_data import chitchat_conversations
     from rl_data.task_contract import AdapterSpec, DemoData, SampleSchema, Task, TaskConfig

@@ -3,7 +3,7 @@
 Every stateful part (the loader, the rank actor, the coordinator, the prompt feed and its ledger)
 has ``state_dict()`` and ``load_state_dict(state)``, and names its format in two class constants,
 ``STATE_FORMAT`` and ``STATE_VERSION``. A state is an *envelope*: a plain dict (str keys, lists,
-numbers, strings, None, tensors; it loads with ``torch.load(weights_only=True)``) holding the
+numbers, strings, bytes, None, tensors; it loads with ``torch.load(weights_only=True)``) holding the
 format under :data:`KEY_FORMAT`, its version under :data:`KEY_VERSION`, and the part's fields.
 :func:`envelope` builds one, :func:`open_envelope` checks one (format, version, fields) and
 refuses anything else with a ``ValueError`` saying what was found, what was expected and what to

@@ -203,6 +203,16 @@ def _trl_grpo(stdout: str) -> None:
         assert _lines(stdout, re.escape(f"checkpoint-{step}: feed state ['rl_data_state.pt', 'trl_callback.json']"))
 
 
+def _adaptive_feed(stdout: str) -> None:
+    statuses = _lines(stdout, r"step (\d+): epoch (\d+), skipped (\{.*\}), dropped (\{.*\})")
+    assert [int(m[1]) for m in statuses] == [4, 8, 12]
+    last = ast.literal_eval(statuses[-1][3])
+    assert int(statuses[-1][2]) >= 1 and {"retired", "deferred"} <= set(last), "the filter skipped nothing"
+    (totals,) = _lines(stdout, r"groups kept (\d+), dropped (\d+), samples per useful group (\S+)")
+    assert int(totals[1]) >= 48 and int(totals[2]) == ast.literal_eval(statuses[-1][4]).get("zero_spread", 0)
+    assert _lines(stdout, r"data checkpoint: .*/data_checkpoint/rl_data_state\.pt")
+
+
 #: What each example must print (other programs: exit code 0 is checked).
 EXPECTED_OUTPUT: dict[str, Callable[[str], None]] = {
     "examples/sft_quickstart.py": _sft_quickstart,
@@ -210,6 +220,7 @@ EXPECTED_OUTPUT: dict[str, Callable[[str], None]] = {
     "examples/rl_loop.py": _rl_loop,
     "examples/ray_train.py": _ray_train,
     "examples/trl_grpo.py": _trl_grpo,
+    "examples/adaptive_feed.py": _adaptive_feed,
 }
 
 

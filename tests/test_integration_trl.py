@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 from distributed_fixtures import TIMEOUT_S, runtime_config, shut_down
 
 from rl_data.distributed.checkpoint_files import checkpoint_path, load_checkpoint_file
@@ -44,6 +45,7 @@ from rl_data.preprocess.adapters import resolve_adapter
 from rl_data.prompt_data import arithmetic_word_problems
 from rl_data.prompt_feed.ledger import TakenPrompt
 from rl_data.prompt_feed.merge import Uid
+from rl_data.prompt_feed.outcomes import PromptHistory
 from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
 from rl_data.rewards import ground_truth_from_gsm8k_answer, math_reward
 
@@ -186,6 +188,7 @@ class Scored:
 
     def __init__(self, crash_at: tuple[int, int] | None = None) -> None:
         self.attempt, self.crash_at, self.rows = 1, crash_at, []
+        self.wrap = lambda reward: reward  # what GRPOTrainer gets: the reward, or a recording wrapper of it
 
     def reward(self) -> Any:
         def accuracy(completions, ground_truth, key, trainer_state, **kwargs):
@@ -217,7 +220,7 @@ class Scored:
 def _trainer(tokenizer: Any, args: Any, dataset: Any, scored: Scored, callbacks: list[Any]) -> Any:
     from trl import GRPOTrainer
 
-    return GRPOTrainer(model=_policy(tokenizer), reward_funcs=[scored.reward()], args=args,
+    return GRPOTrainer(model=_policy(tokenizer), reward_funcs=[scored.wrap(scored.reward())], args=args,
                        train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
 
 
@@ -274,10 +277,14 @@ def test_a_crashed_grpo_run_resumes_and_trains_every_prompt_once_beside_trls_own
 
     def feed_dataset() -> tuple[Any, list[Any]]:
         source = TRLPromptFeed(feed, reward_funcs=[scored.reward()], timeout_s=TIMEOUT_S)
+        scored.wrap = lambda reward: source.record_outcomes(reward, correct_at=1.0)  # acks carry each prompt's Outcome
         return source.train_dataset, [source.callback]
 
     checkpoint = _crash_then_resume(trl_tokenizer, _grpo_config(tmp_path / "feed"), scored, feed_dataset)
     status = _status(feed)
+    history = PromptHistory.from_state(ray.get(feed.state_dict.remote(), timeout=TIMEOUT_S)["ledger"]["history"])
+    assert status["history"]["prompts"] == PROMPTS  # one Outcome per prompt, the rolled-back ones once
+    assert {history.get(key).generated for key in KEYS} == {2} and {history.get(key).tries for key in KEYS} == {1}
 
     assert checkpoint == 2
     trained = scored.steps_trained(checkpoint)
@@ -404,10 +411,11 @@ _PROCESS = textwrap.dedent(
     tokenizer = load_qwen3_tokenizer()
 
     def train(max_steps, resume):
-        scored = []
+        scored, keys = [], set()
 
         def accuracy(completions, ground_truth, uid, trainer_state, **kwargs):
             scored.extend([trainer_state.global_step, list(u)] for u in uid)
+            keys.update(kwargs["key"])
             return [math_reward(c[0]["content"], truth) for c, truth in zip(completions, ground_truth)]
 
         torch.manual_seed(0)
@@ -418,11 +426,12 @@ _PROCESS = textwrap.dedent(
         args = GRPOConfig(output_dir=output, use_cpu=True, bf16=False, seed=0, report_to=[], disable_tqdm=True,
                           logging_steps=1000, per_device_train_batch_size=2, num_generations=2, max_completion_length=4,
                           max_steps=max_steps, save_steps=2, shuffle_dataset=False, ignore_data_skip=True)
-        trainer = GRPOTrainer(model=model, reward_funcs=[accuracy], args=args, train_dataset=source.train_dataset,
+        recorded = source.record_outcomes(accuracy, correct_at=1.0)  # each process records its own completions
+        trainer = GRPOTrainer(model=model, reward_funcs=[recorded], args=args, train_dataset=source.train_dataset,
                               processing_class=tokenizer, callbacks=[source.callback])
         trainer.train(resume_from_checkpoint=resume or None)
         with open(os.path.join(output, f"scored-{resume and 'resumed'}-{args.process_index}.json"), "w") as f:
-            json.dump({"scored": scored, "taken": source.counts["taken"], "processes": args.world_size}, f)
+            json.dump({"scored": scored, "keys": sorted(keys), "taken": source.counts["taken"], "processes": args.world_size}, f)
 
     train(3, "")  # stops after step 3, as if it crashed there
     train(4, os.path.join(output, "checkpoint-2"))  # a new trainer and source resume from step 2
@@ -460,6 +469,11 @@ def test_two_accelerate_processes_share_one_feed_and_resume_each_prompt_once(sha
     assert [uid for uid, _ in lineage] == [(0, p) for p in range(8)]  # steps 1-2, then 3-4 again: once each
     assert {rank for uid, rank in lineage if uid[1] % 2} == {1} and {rank for uid, rank in lineage if not uid[1] % 2} == {0}
     assert (status["epochs"][0]["acked"], status["outstanding"]) == (8, 0)
+    # the outcomes of both processes' completions reached the feed (process 0 gathers them): 2 samples a prompt
+    history = PromptHistory.from_state(ray_session.get(feed.state_dict.remote(), timeout=TIMEOUT_S)["ledger"]["history"])
+    assert status["history"]["prompts"] == 8
+    keys = {key for r in runs.values() for key in r["keys"]}
+    assert len(keys) == 8 and {(history.get(key).generated, history.get(key).tries) for key in keys} == {(2, 1)}
 
 
 @pytest.fixture(scope="module")

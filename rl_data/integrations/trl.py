@@ -51,6 +51,11 @@ Only TRL's and transformers' public extension points are used (an ``IterableData
   never trained), windows that neither span whole optimizer steps nor divide one, a too small
   feed window, ``restore_callback_states_from_checkpoint=True`` (it rebuilds callbacks from JSON),
   more than one ``TRLPromptFeed`` in a trainer.
+* **Outcomes.** ``source.record_outcomes(reward_func, correct_at=1.0)`` wraps a reward function
+  (give the wrapper to GRPOTrainer): it returns the same rewards and records them per prompt
+  (``uid`` column), and each prompt is acked with its ``Outcome`` (``Outcome.from_rewards`` of its
+  group's rewards, in [0, 1]) for the feed's schedule. With several processes, each records its
+  own completions' rewards and process 0 gathers them at every optimizer step.
 * **Several processes** (accelerate, ``dispatch_batches`` forced off by TRL for iterable data):
   every process iterates the same global stream and keeps its slice (accelerate's
   ``IterableDatasetShard``). Process 0 alone takes each window's prompts from the feed and
@@ -60,6 +65,7 @@ Only TRL's and transformers' public extension points are used (an ``IterableData
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -287,8 +293,32 @@ class TRLPromptFeed:
             self.columns.setdefault(column, []).append("(columns=)")
         self.counts = {"taken": 0, "acked": 0, "released": 0}
         self._run: Optional[_Run] = None
+        self._rewards: dict[tuple[int, int], list[float]] = {}  # uid -> rewards recorded (record_outcomes)
+        self._correct_at: Optional[float] = None
+        self._records_outcomes = False
         self.train_dataset = IterableDataset.from_generator(self._rows)
         self.callback = PromptFeedCallback(self)
+
+    def record_outcomes(self, reward_func: Any, *, correct_at: Optional[float] = None) -> Any:
+        """``reward_func`` wrapped to record each prompt's rewards (in [0, 1]; ``correct_at``: a
+        reward at least this counts as right); pass the wrapper to GRPOTrainer. Each prompt is then
+        acked with its ``Outcome``."""
+        if self._records_outcomes:
+            raise ValueError("record_outcomes was called twice: the outcome of a prompt comes from one reward function")
+        self._records_outcomes, self._correct_at = True, correct_at
+
+        @functools.wraps(reward_func)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            rewards = reward_func(*args, **kwargs)
+            uids = kwargs.get("uid")
+            if uids is None:
+                raise ValueError("record_outcomes needs the rows' uid column: use it on TRLPromptFeed's train_dataset")
+            for uid, reward in zip(uids, rewards):
+                if reward is not None:
+                    self._rewards.setdefault((int(uid[0]), int(uid[1])), []).append(float(reward))
+            return rewards
+
+        return recorded
 
     # -- the dataset -------------------------------------------------------------------------
 
@@ -429,14 +459,41 @@ class TRLPromptFeed:
 
     def _ack_trained(self, global_step: int) -> None:
         run = self._run
-        if run is None or run.process != 0:
+        if run is None:
+            return
+        if self._records_outcomes and run.processes > 1:
+            self._gather_rewards(run)
+        if run.process != 0:
             return
         target = run.window.trained(global_step - run.start_step)
         uids = [run.unacked.popleft() for _ in range(target - run.acked)]
         if uids:
-            self._trainer.ack(uids)
+            self._trainer.ack(uids, outcomes=self._outcomes(uids) if self._records_outcomes else None)
             run.acked = target
             self.counts["acked"] += len(uids)
+
+    def _outcomes(self, uids: list[Any]) -> list[Any]:
+        """Each uid's Outcome from its recorded rewards (None when none were recorded); forgets them."""
+        from rl_data.prompt_feed.outcomes import Outcome
+
+        outcomes = []
+        for uid in uids:
+            rewards = self._rewards.pop((int(uid[0]), int(uid[1])), None)
+            outcomes.append(None if not rewards else Outcome.from_rewards(
+                [min(1.0, max(0.0, r)) for r in rewards], correct_at=self._correct_at))  # fmt: skip
+        return outcomes
+
+    def _gather_rewards(self, run: _Run) -> None:
+        """Every process's recorded rewards to process 0 (a collective: every process calls it each step)."""
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * run.processes if run.process == 0 else None
+        mine, self._rewards = self._rewards, {}
+        dist.gather_object(mine, gathered, dst=0)
+        if run.process == 0:
+            for part in gathered:
+                for uid, rewards in part.items():
+                    self._rewards.setdefault(uid, []).extend(rewards)
 
     def _save(self, args: Any, state: Any, token: Optional[str]) -> None:
         run = self._run
@@ -463,6 +520,7 @@ class TRLPromptFeed:
 
     def _end(self) -> None:
         run, self._run = self._run, None
+        self._rewards.clear()  # of prompts released: they are generated again
         if run is not None and run.process == 0:
             self._release(list(run.unacked))  # taken ahead or in an unfinished window
 

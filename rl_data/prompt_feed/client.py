@@ -36,13 +36,13 @@ class _FeedCalls:
     def __init__(self, handle: Any, *, timeout_s: float = 600.0) -> None:
         self.handle, self.timeout_s = handle, timeout_s
 
-    def ack(self, uids: Sequence[Any]) -> None:
-        """Outstanding prompts were trained."""
-        self._get(self.handle.ack.remote(list(uids)))
+    def ack(self, uids: Sequence[Any], outcomes: Optional[Sequence[Any]] = None) -> None:
+        """Outstanding prompts were trained; ``outcomes``: an ``Outcome`` (or None) per uid, for the schedule."""
+        self._get(self.handle.ack.remote(list(uids), None if outcomes is None else list(outcomes)))
 
-    def drop(self, uids: Sequence[Any], reason: str) -> None:
-        """Outstanding prompts were consumed without training (e.g. ``"uniform_reward"``)."""
-        self._get(self.handle.drop.remote(list(uids), reason))
+    def drop(self, uids: Sequence[Any], reason: str, outcomes: Optional[Sequence[Any]] = None) -> None:
+        """Outstanding prompts were consumed without training (e.g. ``"uniform_reward"``); ``outcomes`` as in :meth:`ack`."""
+        self._get(self.handle.drop.remote(list(uids), reason, None if outcomes is None else list(outcomes)))
 
     def release(self, uids: Sequence[Any]) -> None:
         """Give outstanding prompts back (generation failed, worker preempted): handed out again first."""
@@ -82,6 +82,11 @@ class TrainerClient(_FeedCalls):
         ones in ``keep`` (their results already reached you: they stay outstanding, held by nobody,
         until you ack, drop or release them); return the released uids."""
         return self._get(self.handle.release_holder.remote(holder, list(keep)))
+
+    def set_member_weights(self, weights: dict[str, float], at: Optional[Sequence[int]] = None) -> list[int]:
+        """New mixture weights (member name -> weight, relative, as in the mixture), from uid ``at``
+        (default: the next prompt the feed reaches) on; returns that uid (see ``PromptFeed.set_member_weights``)."""
+        return self._get(self.handle.set_member_weights.remote(dict(weights), None if at is None else list(at)))
 
     def save_checkpoint(self, directory: str) -> str:
         """Write the feed's checkpoint to ``directory`` (on the feed's node); return the file."""

@@ -46,8 +46,8 @@ Runtime:
   and the oldest hand-out's age (also a gauge).
 * Checkpoints are written atomically with the project's checkpoint files on the feed's node
   and refuse another placement layout or loader identity (nothing is restored then), changed
-  mixture weights included: the feed does not re-weight (the uids resolved above the low-water
-  mark name prompts drawn with the saved weights). A restore that fails part way refuses
+  mixture weights included (the uids resolved above the low-water mark name prompts drawn with
+  the saved weights): a feed changes its weights live instead, with ``set_member_weights``. A restore that fails part way refuses
   ``take`` until a restore succeeds.
 * A restore works on a fresh feed (cheap: the rank actors load the states) and on a live one
   (a **rewind**, e.g. a trainer that crashed and resumes from its last checkpoint): once the
@@ -83,7 +83,9 @@ from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
 from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.metrics import FeedMetrics
+from rl_data.prompt_feed.outcomes import Outcome
 from rl_data.prompt_feed.producers import RankProducer, check_producer_state
+from rl_data.prompt_feed.schedules import ScheduleConfig
 from rl_data.stateful import envelope, open_envelope
 
 __all__ = [
@@ -95,6 +97,7 @@ __all__ = [
     "check_prompt_spec",
     "feed_runtime_config",
     "holds_actor_name",
+    "member_shares",
     "prompt_spec_problems",
     "spawn_rank_actor",
     "start_prompt_feed",
@@ -107,20 +110,27 @@ PROMPT_TASK = "rl_prompt"
 GAUGE_PERIOD_S = 1.0
 #: Ends the refusal of a checkpoint whose only identity changes are mixture weights.
 FEED_REWEIGHT_HINT = (
-    "; only mixture weights changed: a prompt feed does not re-weight (the uids it resolved above "
-    "the checkpoint's low-water mark name prompts drawn with the saved weights); restore with the "
-    "weights the checkpoint was saved with, or start a new feed without this checkpoint"
+    "; only mixture weights changed: a prompt feed restores only into the mixture it was saved with "
+    "(the uids it resolved above the checkpoint's low-water mark name prompts drawn with the saved "
+    "weights); restore with the weights the checkpoint was saved with, then change them live with "
+    "set_member_weights"
 )
 
 
 class FeedConfig(BaseModel):
-    """The feed's window: ``max_outstanding`` prompts at most; ``take`` waits ``take_wait_s`` by default."""
+    """The feed's window (``max_outstanding`` prompts at most; ``take`` waits ``take_wait_s`` by
+    default) and its ``schedule`` (which prompts it hands out, from their outcomes)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_outstanding: int = Field(ge=1, description="Prompts handed out and not yet acked, dropped or released, at most.")
     take_wait_s: float = Field(
         default=0.0, ge=0, description="Seconds take waits by default for room in the window (0: never waits)."
+    )
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig,
+        description="Which prompts each epoch hands out, from their outcomes: 'uniform' (all), 'difficulty_filter', "
+        "'prioritized' or a class by import path.",
     )
 
 
@@ -146,6 +156,37 @@ def prompt_spec_problems(spec: LoaderSpec) -> list[str]:
             "expected 0 (one pass per epoch), or epoch_mode 'virtual' (one endless epoch); set one of them"
         )
     return problems
+
+
+def member_shares(spec: LoaderSpec, weights: dict[str, float]) -> dict[str, float]:
+    """Each mixture member's hand-out probability that turns the mixture's weights into ``weights``
+    (see ``PromptFeed.set_member_weights``); ``ValueError`` naming what is wrong."""
+    from rl_data.energon.mixture import mixture_members
+
+    members = mixture_members(spec.source)
+    if not members or any("weight" not in m for m in members.values()):
+        raise ValueError(
+            f"set_member_weights needs a feed over a mixture of datasets; this feed reads {spec.source.describe()!r}"
+        )
+    unknown = sorted(set(weights) - set(members))
+    if unknown:
+        raise ValueError(f"member weights name {unknown}, not members of the mixture; its members are {sorted(members)}")
+    bad = {m: w for m, w in weights.items() if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0}
+    if bad:
+        raise ValueError(f"member weights must be numbers >= 0, found {bad}")
+    base = {name: float(m["weight"]) for name, m in members.items()}
+    target = base | {m: float(w) for m, w in weights.items()}
+    raised = sorted(m for m in members if base[m] == 0 and target[m] > 0)
+    if raised or not any(target.values()):
+        raise ValueError(
+            f"member weights {target} cannot be served: "
+            + (f"{raised} have weight 0 in the mixture and the feed can only thin members; give them a weight there"
+               if raised else "every weight is 0; give one member a weight > 0")
+        )  # fmt: skip
+    total_base, total_target = sum(base.values()), sum(target.values())
+    ratio = {m: (target[m] / total_target) / (base[m] / total_base) if base[m] else 0.0 for m in members}
+    top = max(ratio.values())
+    return {m: r / top for m, r in ratio.items()}
 
 
 def check_prompt_spec(spec: LoaderSpec) -> None:
@@ -176,7 +217,7 @@ class PromptFeed:
     ) -> None:
         check_prompt_spec(loader_spec)
         config = feed_runtime_config(config)
-        self._config, self._feed_config = config, feed_config
+        self._config, self._feed_config, self._loader_spec = config, feed_config, loader_spec
         self._metrics = FeedMetrics(config.name)
         self._pool = RankPool(config, loader_spec, owner="feed", placement_group=placement_group, bundle_of_rank=bundle_of_rank)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-feed")
@@ -230,17 +271,35 @@ class PromptFeed:
             self._record_levels()
         return taken
 
-    async def ack(self, uids: Sequence[Any]) -> None:
-        """Outstanding prompts were trained."""
+    async def ack(self, uids: Sequence[Any], outcomes: Optional[Sequence[Optional[Outcome]]] = None) -> None:
+        """Outstanding prompts were trained; ``outcomes``: what each earned (an ``Outcome`` or None
+        per uid), kept in the prompts' history for the schedule."""
         uids = list(uids)
-        await self._resolve("ack", lambda: self._ledger.ack(uids), uids, "acked")
+        await self._resolve("ack", lambda: self._ledger.ack(uids, outcomes), uids, "acked")
         self._metrics.record_acked(len(uids))
 
-    async def drop(self, uids: Sequence[Any], reason: str) -> None:
-        """Outstanding prompts were consumed without training (counted under ``reason``)."""
+    async def drop(self, uids: Sequence[Any], reason: str, outcomes: Optional[Sequence[Optional[Outcome]]] = None) -> None:
+        """Outstanding prompts were consumed without training (counted under ``reason``); ``outcomes`` as in :meth:`ack`."""
         uids = list(uids)
-        await self._resolve("drop", lambda: self._ledger.drop(uids, reason), uids, "dropped")
+        await self._resolve("drop", lambda: self._ledger.drop(uids, reason, outcomes), uids, "dropped")
         self._metrics.record_dropped(len(uids), reason)
+
+    async def set_member_weights(self, weights: dict[str, float], at: Optional[Sequence[int]] = None) -> list[int]:
+        """New weights for the members of the feed's mixture, from uid ``at`` on (default: the next
+        prompt the feed reaches; never one it already decided on); returns that uid.
+
+        ``weights``: member name -> weight, relative, as in the mixture (members not named keep their
+        mixture weight). The rank actors keep sampling with the mixture's weights; the feed hands out
+        a member's prompts with probability ``(new share / mixture share) / max over members`` and
+        skips the others (counted as ``member_weight``), so the prompts handed out follow the new
+        weights. A member whose mixture weight is 0 cannot be raised. Recorded in the checkpoint: a
+        restore repeats every decision.
+        """
+        shares = member_shares(self._loader_spec, weights)
+        await self._ensure_ready()
+        async with self._changed:
+            self._pool.refuse_if_restore_failed("set_member_weights")
+            return list(self._ledger.set_member_weights(shares, at))
 
     async def release(self, uids: Sequence[Any]) -> None:
         """Give outstanding prompts back: handed out again, before new ones, same uid and payload."""
@@ -326,7 +385,7 @@ class PromptFeed:
             with self._pool.restoring("a checkpoint"):
                 if rewind:
                     self._renew_producers()
-                ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
+                ledger = self._new_ledger()
                 await self._in_thread(ledger.load_state_dict, state["ledger"])
             self._fresh_ranks = True  # restored, nothing produced yet
             self._ledger = ledger
@@ -366,9 +425,12 @@ class PromptFeed:
         states = await self._pool.ready()
         if self._ledger is None:  # a concurrent call may have built it
             self._producers = [self._producer(rank, state) for rank, state in enumerate(states)]
-            self._ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding)
+            self._ledger = self._new_ledger()
             self._summary = self._ledger.summary()
             self._gauges = asyncio.get_running_loop().create_task(self._update_gauges())
+
+    def _new_ledger(self) -> PromptLedger:
+        return PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=self._feed_config.schedule)
 
     async def _resolve(self, action: str, call: Any, uids: list[Any], total: str) -> None:
         """Run the ledger's ``action`` (all or nothing), forget the uids' hand-out times, wake waiting takes."""
@@ -397,8 +459,16 @@ class PromptFeed:
         return round(time.monotonic() - next(iter(self._handed_at.values())), 3)
 
     def _record_levels(self) -> None:
-        """Set the gauges; call with the lock held (or when nothing runs on the worker thread)."""
+        """Set the gauges and count the ledger's events; call with the lock held (or when nothing runs on the worker thread)."""
         ledger = self._ledger
+        events = ledger.pop_events()
+        if events:
+            self._metrics.record_skipped({(key[1], key[2]): n for key, n in events.items() if key[0] == "skipped"})
+            members = {key[1] for key in events if key[0] == "outcomes"}
+            self._metrics.record_outcomes(
+                ledger.member_pass_rates(),
+                {m: (events["outcomes", m], events["zero_spread", m], events["generated", m]) for m in members},
+            )
         self._metrics.record_levels(
             outstanding=ledger.outstanding, oldest_age_s=self._oldest_age(),
             low_water_mark=tuple(ledger.low_water_mark), epoch=ledger.epoch,
@@ -477,6 +547,11 @@ def start_prompt_feed(
         problems += prompt_spec_problems(loader_spec)
     if not isinstance(feed_config, FeedConfig):
         problems.append(f"feed_config is a {type(feed_config).__name__}, expected a FeedConfig; build one with FeedConfig(...)")
+    else:
+        try:
+            feed_config.schedule.build()
+        except ValueError as error:
+            problems.append(f"feed_config.schedule: {error}")
     if problems:
         name = feed_runtime_config(config).name if isinstance(config, RuntimeConfig) else DEFAULT_FEED_NAME
         raise ConfigError(f"prompt feed {name!r} was not started", problems)

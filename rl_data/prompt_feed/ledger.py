@@ -22,7 +22,7 @@ The pure core of the async-RL prompt feed (no Ray, no I/O; the runtime drives it
   outstanding, uids tell the epochs apart. ``summary()`` counts per epoch (taken, acked,
   dropped by reason, released, handed out again, outstanding, waiting) and tells, for each
   epoch whose end the stream reached, whether every prompt was resolved exactly once.
-* **Checkpoint.** ``state_dict()`` (plain JSON) holds the producers' states and merge cursor
+* **Checkpoint.** ``state_dict()`` (plain JSON, the history as bytes) holds the producers' states and merge cursor
   at the *low-water mark* (the oldest uid not known resolved), the acked and dropped uids
   above it, the first never-handed-out uid and the counters. ``load_state_dict`` (into a
   ledger over freshly built producers, before its first ``take``) restores the producers
@@ -39,6 +39,17 @@ The pure core of the async-RL prompt feed (no Ray, no I/O; the runtime drives it
   O(outstanding window + out-of-order span), the span being the uids between the low-water
   mark and the newest taken one (plus at most P pass ends per epoch inside the span). Per
   epoch counters stay (a few ints per epoch).
+* **Schedule.** Every prompt the stream reaches that was never handed out is first put to the
+  schedule (:mod:`rl_data.prompt_feed.schedules`) and, over a mixture, thinned by the member
+  weights in effect at its uid (:meth:`PromptLedger.set_member_weights`): a skipped prompt is
+  resolved as ``skipped`` under its reason (counted per epoch and per member, recorded above the
+  low-water mark like an ack) and never handed out in that epoch. Exactly once holds over what is
+  handed out, and every prompt of an epoch is handed out or skipped. ``ack`` and ``drop`` may
+  carry an :class:`~rl_data.prompt_feed.outcomes.Outcome` per uid, kept in the
+  :class:`~rl_data.prompt_feed.outcomes.PromptHistory` (16 bytes per prompt) the schedule reads.
+  The checkpoint holds the schedule, the history and the weight changes, so a restore repeats
+  every decision; with the ``uniform`` schedule, no outcomes and no weights it is what it was
+  before schedules existed.
 """
 
 from __future__ import annotations
@@ -46,15 +57,22 @@ from __future__ import annotations
 import contextlib
 import gc
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
+from rl_data.prompt_feed.outcomes import Outcome, PromptHistory
+from rl_data.prompt_feed.schedules import Decision, ScheduleConfig, draw
 from rl_data.stateful import envelope, open_envelope
 
-OUTSTANDING, RELEASED, ACKED, DROPPED = "outstanding", "released", "acked", "dropped"
+OUTSTANDING, RELEASED, ACKED, DROPPED, SKIPPED = "outstanding", "released", "acked", "dropped", "skipped"
+RESOLVED = (ACKED, DROPPED, SKIPPED)
+#: The skip reason of a prompt thinned out by its mixture member's weight.
+MEMBER_WEIGHT = "member_weight"
+#: Prompts one take may skip in a row before it refuses (a schedule that skips everything).
+MAX_SKIPPED_IN_A_ROW = 1_000_000
 
 
 @contextlib.contextmanager
@@ -105,9 +123,33 @@ class EpochCounts:
     released: int = 0
     acked: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # by the schedule or a member weight, per reason
 
     def resolved(self) -> int:
-        return self.acked + sum(self.dropped.values())
+        return self.acked + sum(self.dropped.values()) + sum(self.skipped.values())
+
+    def to_json(self, epoch: int) -> dict[str, Any]:
+        entry = {"epoch": epoch, "size": self.size, "taken": self.taken, "rehanded": self.rehanded,
+                 "released": self.released, "acked": self.acked, "dropped": dict(self.dropped)}  # fmt: skip
+        if self.skipped:
+            entry["skipped"] = dict(self.skipped)
+        return entry
+
+
+@dataclass(slots=True)
+class MemberCounts:
+    """One mixture member's accounting: prompts handed out, skipped per reason, outcomes and their pass rates."""
+
+    taken: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    outcomes: int = 0
+    pass_rate_sum: float = 0.0
+    generated: int = 0
+    zero_spread: int = 0
+
+
+def add(counts: dict[str, int], reason: str, n: int = 1) -> None:
+    counts[reason] = counts.get(reason, 0) + n
 
 
 class PromptLedger:
@@ -118,11 +160,21 @@ class PromptLedger:
     KEY_PRODUCERS, KEY_CURSOR = "producers", "cursor"
     KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS = "acked", "dropped", "frontier", "epochs"
     STATE_KEYS = (KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
+    KEY_SKIPPED, KEY_SCHEDULE, KEY_HISTORY, KEY_MEMBERS, KEY_WEIGHTS = "skipped", "schedule", "history", "members", "member_weights"
+    #: Present when a schedule, an outcome or a weight was ever used (absent, the state is as before schedules).
+    ADAPTIVE_KEYS = (KEY_SKIPPED, KEY_SCHEDULE, KEY_HISTORY, KEY_MEMBERS, KEY_WEIGHTS)
 
-    def __init__(self, producers: Sequence[Producer], *, max_outstanding: int) -> None:
+    def __init__(self, producers: Sequence[Producer], *, max_outstanding: int, schedule: ScheduleConfig | None = None) -> None:
+        """``schedule``: which prompts are handed out (default ``uniform``: all of them)."""
         if type(max_outstanding) is not int or max_outstanding < 1:
             raise ValueError(f"max_outstanding must be a positive int, found {max_outstanding!r}")
         self.max_outstanding = max_outstanding
+        self.schedule = schedule or ScheduleConfig()
+        self._schedule = self.schedule.build()
+        self._history = PromptHistory()
+        self._members: dict[str, MemberCounts] = {}
+        self._weights: list[tuple[Uid, dict[str, float]]] = []  # (from uid, member -> hand-out share), by uid
+        self._events: Counter = Counter()  # for metrics, since the last pop_events (not checkpointed)
         self._stream = MergedStream(producers)
         self._journal: deque[Pull] = deque()  # every producer call since the low-water mark
         self._state: dict[Uid, str] = {}  # uids from the low-water mark on that were pulled or resolved
@@ -169,26 +221,56 @@ class PromptLedger:
         self._trim()
         return taken
 
-    def ack(self, uids: Iterable[Any]) -> None:
-        """Outstanding prompts were trained."""
-        for uid in self._outstanding_uids(uids, "ack"):
-            self._resolve(uid, ACKED)
+    def ack(self, uids: Iterable[Any], outcomes: Sequence[Outcome | None] | None = None) -> None:
+        """Outstanding prompts were trained; ``outcomes``: what each earned (None: not known)."""
+        checked = self._outstanding_uids(uids, "ack")
+        known = self._checked_outcomes(checked, outcomes, "ack")
+        for uid, outcome in zip(checked, known):
+            self._resolve(uid, ACKED, outcome)
             self._counts(uid.epoch).acked += 1
         self._trim()
 
-    def drop(self, uids: Iterable[Any], reason: str) -> None:
+    def drop(self, uids: Iterable[Any], reason: str, outcomes: Sequence[Outcome | None] | None = None) -> None:
         """Outstanding prompts were consumed without training (counted under ``reason``)."""
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"drop needs a non-empty reason string, found {reason!r}")
-        for uid in self._outstanding_uids(uids, "drop"):
-            self._resolve(uid, DROPPED)
-            dropped = self._counts(uid.epoch).dropped
-            dropped[reason] = dropped.get(reason, 0) + 1
+        checked = self._outstanding_uids(uids, "drop")
+        known = self._checked_outcomes(checked, outcomes, "drop")
+        for uid, outcome in zip(checked, known):
+            self._resolve(uid, DROPPED, outcome)
+            add(self._counts(uid.epoch).dropped, reason)
         self._trim()
+
+    def set_member_weights(self, shares: dict[str, float], at: Sequence[int] | None = None) -> Uid:
+        """From uid ``at`` (default: the next prompt the stream reaches) on, hand out each mixture
+        member's prompts with probability ``shares[member]`` (in [0, 1]; a member not named: 1) and
+        skip the others as ``member_weight``; returns the uid it takes effect at."""
+        reached = Uid(self._stream.cursor.epoch, self._stream.cursor.position)
+        start = reached if at is None else Uid(*at)
+        if start < reached:
+            raise ValueError(
+                f"member weights cannot take effect at uid {tuple(start)}: the stream already reached "
+                f"{tuple(reached)}; name a uid >= {tuple(reached)} or none (the next prompt)"
+            )
+        bad = {m: v for m, v in shares.items() if not isinstance(m, str) or not isinstance(v, (int, float)) or not 0 <= v <= 1}
+        if bad:
+            raise ValueError(f"member shares must map member names to numbers in [0, 1], found {bad!r}")
+        self._weights = sorted([*self._weights, (start, {m: float(v) for m, v in sorted(shares.items())})], key=lambda c: c[0])
+        return start
 
     def release(self, uids: Iterable[Any]) -> None:
         """Give outstanding prompts back: handed out again, before new ones, in uid order."""
         self._give_back(self._outstanding_uids(uids, "release"))
+
+    def pop_events(self) -> Counter:
+        """What happened since the last call, for metrics: ``("skipped", reason, member)``, and per
+        member ``("outcomes" | "zero_spread" | "generated", member)`` (member ``""`` outside a mixture)."""
+        events, self._events = self._events, Counter()
+        return events
+
+    def member_pass_rates(self) -> dict[str, float]:
+        """Each mixture member's mean pass rate over the outcomes received."""
+        return {name: c.pass_rate_sum / c.outcomes for name, c in self._members.items() if c.outcomes}
 
     def summary(self) -> dict[str, Any]:
         """Counters overall and per epoch.
@@ -209,34 +291,48 @@ class PromptLedger:
             epochs.append({
                 "epoch": epoch, "size": counts.size, "taken": counts.taken, "rehanded": counts.rehanded,
                 "released": counts.released, "acked": counts.acked, "dropped": dict(counts.dropped),
-                "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
+                "skipped": dict(counts.skipped), "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
                 "resolved_exactly_once": None if counts.size is None else counts.resolved() == counts.size,
             })  # fmt: skip
+        skipped: dict[str, int] = {}
+        for counts in self._epochs.values():
+            for reason, count in counts.skipped.items():
+                add(skipped, reason, count)
         return {
             "epoch": self.epoch, "low_water_mark": list(self.low_water_mark), "outstanding": self._outstanding,
-            "released_waiting": len(self._released), "dropped": dropped, "epochs": epochs,
+            "released_waiting": len(self._released), "dropped": dropped, "skipped": skipped, "epochs": epochs,
             "bookkeeping": {"pulls": len(self._journal), "uids": len(self._state)},
+            "schedule": self.schedule.describe(),
+            "history": {"prompts": len(self._history), "bytes": self._history.nbytes, "retired": self._history.retired},
+            "members": {name: member_summary(c) for name, c in sorted(self._members.items())},
+            "member_weights": [[*uid, dict(shares)] for uid, shares in self._weights],
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint: the position at the low-water mark plus what was resolved above it."""
         states, cursor = self._stream.position_before(self._journal)
         with collector_paused():
-            resolved = sorted((uid, state) for uid, state in self._state.items() if state in (ACKED, DROPPED))
+            resolved = sorted((uid, state) for uid, state in self._state.items() if state in RESOLVED)
             acked = [list(uid) for uid, state in resolved if state == ACKED]
             dropped = [list(uid) for uid, state in resolved if state == DROPPED]
-        return envelope(self.STATE_FORMAT, self.STATE_VERSION, {
+            skipped = [list(uid) for uid, state in resolved if state == SKIPPED]
+        fields = {
             self.KEY_PRODUCERS: states,
             self.KEY_CURSOR: cursor.to_json(),
             self.KEY_ACKED: acked,
             self.KEY_DROPPED: dropped,
             self.KEY_FRONTIER: list(self._frontier),
-            self.KEY_EPOCHS: [
-                {"epoch": e, "size": c.size, "taken": c.taken, "rehanded": c.rehanded, "released": c.released,
-                 "acked": c.acked, "dropped": dict(c.dropped)}
-                for e, c in sorted(self._epochs.items())
-            ],  # fmt: skip
-        })
+            self.KEY_EPOCHS: [c.to_json(e) for e, c in sorted(self._epochs.items())],
+        }
+        if self._adaptive():
+            fields.update({
+                self.KEY_SKIPPED: skipped,
+                self.KEY_SCHEDULE: self.schedule.describe(),
+                self.KEY_HISTORY: self._history.state(),
+                self.KEY_MEMBERS: {name: member_json(c) for name, c in sorted(self._members.items())},
+                self.KEY_WEIGHTS: [[*uid, dict(shares)] for uid, shares in self._weights],
+            })  # fmt: skip
+        return envelope(self.STATE_FORMAT, self.STATE_VERSION, fields)
 
     def check_state_dict(self, state: Any) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` for its form
@@ -250,27 +346,87 @@ class PromptLedger:
                 "cannot restore a ledger that already handed out prompts; build a new ledger over "
                 "freshly built producers and load the checkpoint there"
             )
-        producers, cursor, acked, dropped, frontier, epochs = self._checked_state(state)
-        self._stream.restore(producers, cursor)
+        checked = self._checked_state(state)
+        self._stream.restore(checked.producers, checked.cursor)
         with collector_paused():
-            self._state = {uid: ACKED for uid in acked} | {uid: DROPPED for uid in dropped}
-        self._frontier, self._epochs = frontier, epochs
+            self._state = {uid: ACKED for uid in checked.acked} | {uid: DROPPED for uid in checked.dropped}
+            self._state |= {uid: SKIPPED for uid in checked.skipped}
+        self._frontier, self._epochs = checked.frontier, checked.epochs
+        self._history, self._members, self._weights = checked.history, checked.members, checked.weights
+
+    def _adaptive(self) -> bool:
+        """Whether the state needs :data:`ADAPTIVE_KEYS` (anything beyond a uniform feed without outcomes)."""
+        uniform = self.schedule.describe() == ScheduleConfig().describe()
+        skipped = any(c.skipped for c in self._epochs.values())
+        return not uniform or bool(len(self._history) or self._members or self._weights or skipped)
 
     def _pull_unresolved(self) -> Uid:
+        skipped_in_a_row = 0
         while True:
             pull, item = self._stream.pull()
             self._journal.append(pull)
             if pull.epoch_size is not None:
                 self._end_epoch(pull.cursor_before.epoch, pull.epoch_size)
-            if pull.uid is not None and self._state.get(pull.uid) not in (ACKED, DROPPED):
-                self._items[pull.uid] = item
-                return pull.uid
+            uid = pull.uid
+            if uid is None or self._state.get(uid) in RESOLVED:
+                continue
+            if uid >= self._frontier:  # never handed out: the weights and the schedule decide
+                reason = self._decide(uid, item)
+                if reason is not None:
+                    self._state[uid] = SKIPPED
+                    add(self._counts(uid.epoch).skipped, reason)
+                    self._events["skipped", reason, member_name(item) or ""] += 1
+                    member = self._member(item)
+                    if member is not None:
+                        add(member.skipped, reason)
+                    skipped_in_a_row += 1
+                    if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+                        raise ValueError(
+                            f"the schedule {self.schedule.name!r} and the member weights skipped {skipped_in_a_row} prompts "
+                            f"in a row (up to uid {tuple(uid)}); expected some to be handed out: lower retirement "
+                            "(max_retired_share) or raise the weights"
+                        )
+                    continue
+            self._items[uid] = item
+            return uid
+
+    def _decide(self, uid: Uid, item: Item) -> str | None:
+        """The skip reason of a prompt reached for the first time, None to hand it out."""
+        seed = self.schedule.seed
+        shares = self._shares_at(uid)
+        name = member_name(item)
+        if shares and name is not None and draw(seed, uid.epoch, uid.position, "member\x1f" + item.key) >= shares.get(name, 1.0):
+            return MEMBER_WEIGHT
+        history = self._history
+        retired_share = history.retired / len(history) if len(history) else 0.0
+        decision = self._schedule.decide(history.get(item.key), draw(seed, uid.epoch, uid.position, item.key), retired_share=retired_share)
+        if not isinstance(decision, Decision):
+            raise TypeError(f"schedule {self.schedule.name!r} returned {decision!r} from decide, expected a Decision")
+        if decision.record is not None:
+            history.put(item.key, decision.record)
+        return decision.skip
+
+    def _shares_at(self, uid: Uid) -> dict[str, float] | None:
+        """The member shares in effect at ``uid`` (None: no weights set)."""
+        shares = None
+        for start, value in self._weights:
+            if start > uid:
+                break
+            shares = value
+        return shares
+
+    def _member(self, item: Item) -> MemberCounts | None:
+        name = member_name(item)
+        return None if name is None else self._members.setdefault(name, MemberCounts())
 
     def _hand_out(self, uid: Uid) -> TakenPrompt:
         counts = self._counts(uid.epoch)
         if uid >= self._frontier:
             counts.taken += 1
             self._frontier = Uid(uid.epoch, uid.position + 1)
+            member = self._member(self._items[uid])
+            if member is not None:
+                member.taken += 1
         else:
             counts.rehanded += 1
         self._state[uid] = OUTSTANDING
@@ -278,10 +434,37 @@ class PromptLedger:
         item = self._items[uid]
         return TakenPrompt(uid, item.key, item.payload)
 
-    def _resolve(self, uid: Uid, state: str) -> None:
+    def _resolve(self, uid: Uid, state: str, outcome: Outcome | None) -> None:
         self._state[uid] = state
         self._outstanding -= 1
-        del self._items[uid]
+        item = self._items.pop(uid)
+        if outcome is not None:
+            self._history.observe(item.key, outcome)
+            name = member_name(item) or ""
+            self._events["outcomes", name] += 1
+            self._events["zero_spread", name] += int(outcome.zero_spread)
+            self._events["generated", name] += outcome.samples
+            member = self._member(item)
+            if member is not None:
+                member.outcomes += 1
+                member.pass_rate_sum += outcome.pass_rate
+                member.generated += outcome.samples
+                member.zero_spread += int(outcome.zero_spread)
+
+    @staticmethod
+    def _checked_outcomes(uids: list[Uid], outcomes: Sequence[Any] | None, action: str) -> list[Outcome | None]:
+        if outcomes is None:
+            return [None] * len(uids)
+        outcomes = list(outcomes)
+        if len(outcomes) != len(uids):
+            raise ValueError(f"{action} got {len(uids)} uids and {len(outcomes)} outcomes; give one outcome (or None) per uid")
+        for outcome in outcomes:
+            if outcome is not None and not isinstance(outcome, Outcome):
+                raise ValueError(
+                    f"{action} got {outcome!r} as an outcome, expected rl_data.Outcome or None; build one with "
+                    "Outcome(samples, correct=...) or Outcome.from_rewards(rewards)"
+                )
+        return outcomes
 
     def _give_back(self, uids: list[Uid]) -> None:
         for uid in uids:
@@ -295,7 +478,7 @@ class PromptLedger:
         while self._journal:
             uid = self._journal[0].uid
             if uid is not None:
-                if self._state[uid] not in (ACKED, DROPPED):
+                if self._state[uid] not in RESOLVED:
                     return
                 del self._state[uid]
             self._journal.popleft()
@@ -350,8 +533,10 @@ class PromptLedger:
             return "not handed out yet", "use the uids returned by take"
         return "not handed out since the restore", "take it again: a restore hands out every unresolved prompt again"
 
-    def _checked_state(self, state: Any) -> tuple[list[Any], Cursor, list[Uid], list[Uid], Uid, dict[int, EpochCounts]]:
-        state = open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="prompt ledger", fields=self.STATE_KEYS)
+    def _checked_state(self, state: Any) -> "CheckedState":
+        adaptive = isinstance(state, dict) and self.KEY_SCHEDULE in state
+        fields = self.STATE_KEYS + (self.ADAPTIVE_KEYS if adaptive else ())
+        state = open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="prompt ledger", fields=fields)
         count = len(self._stream.producers)
         producers = state[self.KEY_PRODUCERS]
         if not isinstance(producers, list) or len(producers) != count:
@@ -361,12 +546,19 @@ class PromptLedger:
                 "producers; restore with the producers the checkpoint was saved with"
             )
         cursor = Cursor.from_json(state[self.KEY_CURSOR], producers=count)
+        saved = state[self.KEY_SCHEDULE] if adaptive else ScheduleConfig().describe()
+        if saved != self.schedule.describe():
+            raise ValueError(
+                f"prompt ledger checkpoint was saved with another schedule: in checkpoint: {saved!r} / in this "
+                f"feed: {self.schedule.describe()!r}; restore with the schedule it was saved with (FeedConfig.schedule)"
+            )
         with collector_paused():
             acked, dropped, frontier = (
                 [_uid(v) for v in state[self.KEY_ACKED]],
                 [_uid(v) for v in state[self.KEY_DROPPED]],
                 _uid(state[self.KEY_FRONTIER]),
             )
+            skipped = [_uid(v) for v in state[self.KEY_SKIPPED]] if adaptive else []
         epochs = {}
         for entry in state[self.KEY_EPOCHS]:
             try:
@@ -379,7 +571,56 @@ class PromptLedger:
                     f"prompt ledger checkpoint holds epoch counts {entry!r}, expected a mapping with keys "
                     f"{fields}; it was not saved by this rl_data version"
                 ) from None
-        return producers, cursor, acked, dropped, frontier, epochs
+        history, members, weights = PromptHistory(), {}, []
+        if adaptive:
+            history = PromptHistory.from_state(state[self.KEY_HISTORY])
+            try:
+                members = {str(name): MemberCounts(**counts) for name, counts in state[self.KEY_MEMBERS].items()}
+                weights = [(_uid([epoch, position]), dict(shares)) for epoch, position, shares in state[self.KEY_WEIGHTS]]
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(
+                    "prompt ledger checkpoint holds malformed member counts or member weights; it was not saved by "
+                    "this rl_data version"
+                ) from None
+        return CheckedState(producers, cursor, acked, dropped, skipped, frontier, epochs, history, members, weights)
+
+
+@dataclass(frozen=True)
+class CheckedState:
+    """A ledger checkpoint, checked and parsed."""
+
+    producers: list[Any]
+    cursor: Cursor
+    acked: list[Uid]
+    dropped: list[Uid]
+    skipped: list[Uid]
+    frontier: Uid
+    epochs: dict[int, EpochCounts]
+    history: PromptHistory
+    members: dict[str, MemberCounts]
+    weights: list[tuple[Uid, dict[str, float]]]
+
+
+def member_name(item: Item) -> str | None:
+    """The mixture member of a prompt (its ``source_datasets`` column), None outside a mixture."""
+    payload = item.payload
+    name = payload.get("source_datasets") if isinstance(payload, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def member_json(counts: MemberCounts) -> dict[str, Any]:
+    return {"taken": counts.taken, "skipped": dict(counts.skipped), "outcomes": counts.outcomes,
+            "pass_rate_sum": counts.pass_rate_sum, "generated": counts.generated, "zero_spread": counts.zero_spread}  # fmt: skip
+
+
+def member_summary(counts: MemberCounts) -> dict[str, Any]:
+    """A member's counters with its mean pass rate and generations per group with a reward spread."""
+    useful = counts.outcomes - counts.zero_spread
+    return {
+        **member_json(counts),
+        "pass_rate": counts.pass_rate_sum / counts.outcomes if counts.outcomes else None,
+        "generated_per_useful_group": counts.generated / useful if useful else None,
+    }
 
 
 def _uid(value: Any) -> Uid:

@@ -17,12 +17,16 @@ from rl_data.distributed.metrics import MetricDefinition, RestoreKind, create_al
 #: What each tag of the feed's metrics holds.
 TAGS: dict[str, str] = {
     "feed": "the feed's `RuntimeConfig.name`",
-    "reason": "the reason string the trainer gave to `drop`",
+    "reason": "the reason string the trainer gave to `drop`, or the schedule's skip reason (`retired`, "
+    "`deferred`, `deprioritized`, `member_weight`, or a user schedule's)",
+    "member": "the mixture member of the prompt (`\"\"` outside a mixture)",
     "kind": RUNTIME_TAGS["kind"],
 }
 FEED_TAGS = ("feed",)
 DROP_TAGS = ("feed", "reason")
 RESTORE_TAGS = ("feed", "kind")
+SKIP_TAGS = ("feed", "reason", "member")
+MEMBER_TAGS = ("feed", "member")
 
 TAKEN = MetricDefinition(
     "rl_data_feed_taken", "counter", "Prompts handed out by take (re-hand-outs included)", FEED_TAGS
@@ -62,6 +66,30 @@ LOW_WATER_MARK_POSITION = MetricDefinition(
     FEED_TAGS,
 )
 EPOCH = MetricDefinition("rl_data_feed_epoch", "gauge", "The epoch the feed reads", FEED_TAGS)
+SKIPPED = MetricDefinition(
+    "rl_data_feed_skipped",
+    "counter",
+    "Prompts the schedule or a member weight skipped (never handed out in their epoch), by reason and member",
+    SKIP_TAGS,
+)
+OUTCOMES = MetricDefinition(
+    "rl_data_feed_outcomes", "counter", "Outcomes received with acks and drops, by mixture member", MEMBER_TAGS
+)
+ZERO_SPREAD = MetricDefinition(
+    "rl_data_feed_zero_spread_outcomes",
+    "counter",
+    "Outcomes whose samples all earned the same reward (no advantage), by mixture member",
+    MEMBER_TAGS,
+)
+GENERATED = MetricDefinition(
+    "rl_data_feed_generated_samples", "counter", "Samples generated, as the outcomes report them, by mixture member", MEMBER_TAGS
+)
+PASS_RATE = MetricDefinition(
+    "rl_data_feed_member_pass_rate",
+    "gauge",
+    "Mean pass rate of the outcomes received so far, by mixture member",
+    MEMBER_TAGS,
+)
 
 #: Every metric of a prompt feed, in the order the reference lists them.
 METRICS: tuple[MetricDefinition, ...] = (
@@ -75,6 +103,11 @@ METRICS: tuple[MetricDefinition, ...] = (
     LOW_WATER_MARK_EPOCH,
     LOW_WATER_MARK_POSITION,
     EPOCH,
+    SKIPPED,
+    OUTCOMES,
+    ZERO_SPREAD,
+    GENERATED,
+    PASS_RATE,
 )
 
 
@@ -105,6 +138,25 @@ class FeedMetrics:
     def record_released(self, count: int) -> None:
         if count:
             _created()[RELEASES.name].inc(count, self._tags)
+
+    def record_skipped(self, counts: dict[tuple[str, str], int]) -> None:
+        """``{(reason, member): prompts}`` skipped since the last call."""
+        for (reason, member), count in counts.items():
+            if count:
+                _created()[SKIPPED.name].inc(count, {**self._tags, "reason": reason, "member": member})
+
+    def record_outcomes(self, members: dict[str, dict[str, Any]], delta: dict[str, tuple[int, int, int]]) -> None:
+        """``delta``: ``{member: (outcomes, zero-spread ones, samples generated)}`` since the last call;
+        ``members``: the ledger's member summaries (their pass rates)."""
+        metrics = _created()
+        for member, (outcomes, zero_spread, generated) in delta.items():
+            tags = {**self._tags, "member": member}
+            for definition, count in ((OUTCOMES, outcomes), (ZERO_SPREAD, zero_spread), (GENERATED, generated)):
+                if count:
+                    metrics[definition.name].inc(count, tags)
+            rate = members.get(member, {}).get("pass_rate")
+            if rate is not None:
+                metrics[PASS_RATE.name].set(rate, tags)
 
     def record_restore(self, kind: RestoreKind) -> None:
         _created()[RESTORES.name].inc(1, {**self._tags, "kind": kind})

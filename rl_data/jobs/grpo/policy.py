@@ -9,8 +9,9 @@ No model runs here; what matters for the data pipeline is the *shape* of real ro
   prompt), so some groups get the same reward on every rollout (dynamic sampling drops them);
 * a response states its answer GSM8K style (``#### <n>``); a wrong one is off by a few.
 
-Everything is a pure function of ``(seed, prompt key, rollout index)``: the same prompt gets the
-same responses in every attempt, on every worker, after every restart.
+Everything is a pure function of ``(seed, prompt key, rollout index)``, and of ``attempt`` when one
+is given: the same prompt gets the same responses in every attempt, on every worker, after every
+restart.
 """
 
 from __future__ import annotations
@@ -48,13 +49,16 @@ class StandInPolicy:
         """The group finishes with its longest rollout."""
         return max(self.rollout_latency_s(key, index) for index in range(self.group_size))
 
-    def responses(self, key: str, ground_truth: str) -> list[str]:
-        """``group_size`` responses to prompt ``key``; right ones end with ``#### <ground truth>``."""
+    def responses(self, key: str, ground_truth: str, attempt: int = 0) -> list[str]:
+        """``group_size`` responses to prompt ``key``; right ones end with ``#### <ground truth>``.
+        ``attempt`` > 0 draws a new group (e.g. the epoch: a policy samples afresh every time)."""
         p = self.correct_probability(key)
+        salt = (attempt,) if attempt else ()
         out = []
         for index in range(self.group_size):
-            right = hashed_unit(self.seed, "right", key, index) < p
-            answer = ground_truth if right else _wrong_answer(ground_truth, 1 + int(5 * hashed_unit(self.seed, "off", key, index)))
+            right = hashed_unit(self.seed, "right", key, index, *salt) < p
+            offset = 1 + int(5 * hashed_unit(self.seed, "off", key, index, *salt))
+            answer = ground_truth if right else _wrong_answer(ground_truth, offset)
             out.append(f"Let me work it out step by step (rollout {index}).\n#### {answer}")
         return out
 

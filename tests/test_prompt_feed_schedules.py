@@ -1,0 +1,226 @@
+"""Schedules, outcomes and live member weights through the prompt feed on real local Ray.
+
+The feed over the synthetic task (the subject is the feed: its ledger, ranks and checkpoints) runs
+``difficulty_filter`` with outcomes from a stand-in policy whose chance of a right sample is a
+hidden function of the prompt; a mixture of two real ``rl_prompt`` Energon datasets (real
+tokenizer) gets new member weights in flight. Each run is compared with itself after a live rewind
+to an earlier checkpoint (and a killed rank actor): the same acks and outcomes give the same
+hand-outs, skips and history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any
+
+import pytest
+from distributed_fixtures import TIMEOUT_S, runtime_config, shut_down
+from test_prompt_feed import _scrape, mixture_members  # noqa: F401 - the fixture
+
+from rl_data.config_blocks import ConfigError
+from rl_data.distributed.client import wait_until_name_is_free
+from rl_data.distributed.config import LoaderSpec
+from rl_data.energon.dataset_writer import write_energon_dataset
+from rl_data.energon.sample_format import encode_sample
+from rl_data.preprocess.adapters import resolve_adapter
+from rl_data.prompt_data import arithmetic_word_problems
+from rl_data.prompt_feed.client import attach_feed
+from rl_data.prompt_feed.feed import FeedConfig, start_prompt_feed
+from rl_data.prompt_feed.outcomes import Outcome
+from rl_data.prompt_feed.schedules import ScheduleConfig
+from rl_data.tasks.synthetic import synthetic_loader_spec
+
+NAMESPACE = "rl_data_feed_schedule_tests"
+#: 2 ranks x 12 samples, batches of 4: 24 prompts an epoch.
+SPEC = synthetic_loader_spec(batch_size=4, samples_per_rank=12, tokens_per_sample=8, name="schedule-synthetic")
+FILTER = ScheduleConfig(name="difficulty_filter", options={"retire_after": 1, "defer_after": 1, "defer_for": 1, "max_retired_share": 0.5})
+
+
+def unit(*parts: object) -> float:
+    return int.from_bytes(hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def outcome(key: str, step: int) -> Outcome:
+    """4 samples; a third of the prompts always right, a third never, the rest half the time."""
+    u = unit("difficulty", key)
+    p = 1.0 if u < 1 / 3 else 0.0 if u < 2 / 3 else 0.5
+    return Outcome(4, correct=sum(unit("sample", key, step, i) < p for i in range(4)))
+
+
+def config(world: int = 2) -> Any:
+    return runtime_config(world, 2, namespace=NAMESPACE, name=f"sched-{uuid.uuid4().hex[:8]}")
+
+
+class Trainer:
+    """Takes 4 prompts a step and resolves each 0-2 steps later, out of order, with its outcome."""
+
+    def __init__(self, rollout: Any, trainer: Any) -> None:
+        self.rollout, self.trainer, self.held, self.log = rollout, trainer, {}, []
+
+    def step(self, t: int) -> None:
+        for prompt in self.rollout.take(4):
+            self.log.append((t, tuple(prompt.uid), prompt.key))
+            self.held[tuple(prompt.uid)] = (prompt.key, t)
+        due = sorted((uid for uid, (key, at) in self.held.items() if t - at >= int(3 * unit("latency", key))),
+                     key=lambda uid: unit("order", uid))  # fmt: skip
+        if due:
+            results = [outcome(*self.held.pop(uid)) for uid in due]
+            self.trainer.ack(due, outcomes=results)
+
+
+@pytest.mark.timeout(300)
+def test_a_difficulty_filtered_feed_rewound_with_a_rank_killed_repeats_its_hand_outs_and_counts_every_skip(ray_session, metrics_port):
+    cfg = config()
+    handle = start_prompt_feed(cfg, SPEC, FeedConfig(max_outstanding=16, schedule=FILTER))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+        first = Trainer(rollout, trainer)
+        saved = {}
+        for t in range(30):
+            if t in (9, 20):
+                saved[t] = (trainer.state_dict(), dict(first.held))
+            first.step(t)
+        reference, final, final_state = first.log, rollout.status(), trainer.state_dict()
+        assert final["skipped"]["retired"] > 0 and final["skipped"]["deferred"] > 0
+        done = [e for e in final["epochs"] if e["size"] is not None]
+        assert len(done) >= 2 and all(e["taken"] + sum(e["skipped"].values()) == e["size"] == 24 for e in done)
+        assert final["history"]["prompts"] == 24 and final["history"]["bytes"] <= 16 * 24
+        assert final["schedule"]["name"] == "difficulty_filter"
+
+        for start in (9, 20):
+            state, held = saved[start]
+            trainer.load_state_dict(state)  # a live rewind
+            again = Trainer(rollout, trainer)
+            back = rollout.take(len(held)) if held else []
+            assert sorted(tuple(p.uid) for p in back) == sorted(held)
+            again.held = dict(held)
+            for t in range(start, 30):
+                if t == start + 3:
+                    name = rollout.status()["rank_actor_names"][1]
+                    ray_session.kill(ray_session.get_actor(name, namespace=cfg.namespace), no_restart=True)
+                    wait_until_name_is_free(name, cfg.namespace, TIMEOUT_S)
+                again.step(t)
+            assert again.log == [h for h in reference if h[0] >= start], f"rewound to step {start}"
+            status = rollout.status()
+            assert [(e["acked"], e["skipped"]) for e in status["epochs"]] == [(e["acked"], e["skipped"]) for e in final["epochs"]]
+            assert trainer.state_dict()["ledger"]["history"] == final_state["ledger"]["history"]
+        assert rollout.status()["restarts"] == [0, 2]
+        labels = {"feed": cfg.name, "reason": "retired", "member": ""}
+        assert wait_for_at_least(metrics_port, "ray_rl_data_feed_skipped_total", labels, final["skipped"]["retired"])
+        assert wait_for_at_least(metrics_port, "ray_rl_data_feed_outcomes_total", {"feed": cfg.name}, len(reference))
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+def wait_for_at_least(port: int, series: str, labels: dict[str, str], value: float) -> bool:
+    """Whether the series reaches ``value`` within 60 s (Ray reports metrics every few seconds)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = _scrape(port, series, **labels)
+        if seen is not None and seen >= value:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_new_member_weights_in_flight_take_effect_at_their_uid_and_a_rewind_repeats_them(ray_session, mixture_members):
+    """A virtual-mode mixture easy 0.5 / hard 0.5 (one rank actor: torch, Energon, the real tokenizer):
+    from the uid the new weights name on, the feed hands out only 'hard' prompts (easy at weight 0)
+    and counts the skipped 'easy' ones; a rewind to a checkpoint taken before the change, with the
+    same call, repeats every hand-out."""
+    energon = {"task": "rl_prompt", "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    mixture = [{"name": name, "path": path, "weight": 0.5} for name, path in mixture_members.items()]
+    spec = LoaderSpec(
+        data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
+        source={"mixture": mixture, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 5},
+        batch_size=4, max_sequence_length=256,
+    )  # fmt: skip
+    cfg = config(world=1)
+    handle = start_prompt_feed(cfg, spec, FeedConfig(max_outstanding=40))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+
+        def run() -> list[tuple[tuple[int, int], str, str]]:
+            handed = []
+            for n in (6, 0, 10):
+                if n == 0:
+                    assert trainer.set_member_weights({"easy": 0.0}) == [0, 6]
+                    continue
+                prompts = rollout.take(n)
+                trainer.ack([p.uid for p in prompts])
+                handed += [(tuple(p.uid), p.key, p.payload["source_datasets"]) for p in prompts]
+            return handed
+
+        fresh = trainer.state_dict()
+        first = run()
+        assert {member for _, _, member in first[:6]} == {"easy", "hard"}
+        assert {member for _, _, member in first[6:]} == {"hard"} and len(first) == 16
+        assert [uid for uid, _, _ in first[6:]] == sorted(uid for uid, _, _ in first[6:])
+        status = rollout.status()
+        skipped = status["members"]["easy"]["skipped"]["member_weight"]
+        assert status["skipped"] == {"member_weight": skipped} and skipped > 0
+        assert first[-1][0] == (0, 16 + skipped - 1)  # every uid up to the last hand-out: handed out or skipped
+        assert status["member_weights"] == [[0, 6, {"easy": 0.0, "hard": 1.0}]]
+        assert status["members"]["hard"]["taken"] + status["members"]["easy"]["taken"] == 16
+
+        trainer.load_state_dict(fresh)
+        assert run() == first
+        with pytest.raises(ValueError, match=r"member weights name \['medium'\], not members of the mixture; its members are \['easy', 'hard'\]"):
+            trainer.set_member_weights({"medium": 1.0})
+        with pytest.raises(ValueError, match="every weight is 0"):
+            trainer.set_member_weights({"easy": 0, "hard": 0})
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+def test_a_bad_schedule_is_refused_before_any_actor_starts(ray_session):
+    with pytest.raises(ConfigError, match=r"feed_config.schedule: schedule 'difficulty_filter' refuses options \{'defer_for': 0\}"):
+        start_prompt_feed(config(), SPEC, FeedConfig(max_outstanding=4, schedule={"name": "difficulty_filter", "options": {"defer_for": 0}}))
+
+
+@pytest.mark.timeout(300)
+def test_set_member_weights_is_refused_by_a_feed_over_one_dataset(ray_session):
+    cfg = config(world=1)
+    handle = start_prompt_feed(cfg, SPEC, FeedConfig(max_outstanding=4))
+    try:
+        _, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+        with pytest.raises(ValueError, match="set_member_weights needs a feed over a mixture of datasets; this feed reads"):
+            trainer.set_member_weights({"a": 1.0})
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+@pytest.mark.timeout(300)
+def test_the_dynamic_sampler_fills_every_batch_with_groups_that_have_a_reward_spread(ray_session):
+    from rl_data.prompt_feed.dynamic_sampling import DynamicSampler
+
+    cfg = config()
+    handle = start_prompt_feed(cfg, SPEC, FeedConfig(max_outstanding=12))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+        sampler = DynamicSampler(rollout, trainer, lambda prompts: [(p.key, outcome(p.key, p.uid[0])) for p in prompts], oversample=1.5)
+        trained = []
+        for _ in range(8):
+            batch = sampler.next_batch(3)
+            assert len(batch.prompts) == 3 and not any(o.zero_spread for o in batch.outcomes)
+            assert batch.groups == [p.key for p in batch.prompts]
+            sampler.ack(batch)
+            trained += batch.uids
+        totals, status = sampler.totals, rollout.status()
+        assert len(trained) == len(set(trained)) == 24 == status["totals"]["acked"]
+        assert status["dropped"] == {"zero_spread": totals.dropped} and totals.dropped > 0
+        assert totals.taken == totals.kept + totals.dropped == status["totals"]["taken"]
+        assert (totals.samples, totals.wasted_samples) == (4 * totals.taken, 4 * totals.dropped)
+        assert sum(totals.per_batch_extra_groups) == totals.dropped
+        assert totals.samples_per_useful_group == pytest.approx(totals.samples / totals.kept)
+        assert status["outstanding"] == totals.kept - 24  # useful groups generated ahead wait for the next batch
+
+        full = DynamicSampler(rollout, trainer, lambda prompts: [(None, Outcome(4, correct=2)) for _ in prompts])
+        rollout.take(12 - status["outstanding"])  # fill the window
+        with pytest.raises(RuntimeError, match="the feed handed out no prompt with 0 of 2 groups ready: its window is full"):
+            full.next_batch(2)
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
