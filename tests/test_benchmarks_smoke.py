@@ -160,3 +160,43 @@ def test_quick_prompt_feed_benchmark_writes_its_report_and_the_feed_loses_nothin
     markdown = (tmp_path / "prompt_feed.md").read_text()
     for heading in ("## Throughput", "## Checkpoint with 300 outstanding prompts", "## Accounting under chaos"):
         assert heading in markdown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_quick_adaptive_feed_benchmark_compares_the_schedules_over_the_same_groups(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.adaptive_feed", "--prompts", "32", "--groups-per-prompt", "3",
+         "--history-sizes", "1000", "5000", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=380,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "adaptive_feed.json").read_text())
+    assert list(results["mixes"]) == ["uniform difficulty", "U-shaped difficulty"]
+    for runs in results["mixes"].values():
+        assert [run["schedule"] for run in runs] == ["uniform", "difficulty_filter", "prioritized"]
+        for run in runs:
+            assert run["groups"] == sum(epoch["groups"] for epoch in run["epochs"]) == 96
+            assert run["history"]["prompts"] == 32 and run["history"]["bytes"] <= 16 * 32
+        assert runs[0]["skipped"] == {} and runs[1]["skipped"] and runs[2]["skipped"]
+    assert [row["checkpoint_bytes_per_prompt"] for row in results["history_cost"]] == [16.0, 16.0]
+    assert (tmp_path / "adaptive_feed.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "## U-shaped difficulty" in (tmp_path / "adaptive_feed.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_short_ray_plateau_run_samples_every_process_and_fits_each_quarter(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ray_plateau", "--minutes", "0.5", "--every", "100", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "ray_plateau.json").read_text())
+    assert len(results["rows"]) >= 4 and results["steps"] >= 400
+    assert set(results["quarter_slopes"]) == {"coordinator", "feed", "driver", "coordinator rank 0", "coordinator rank 1"}
+    assert all(len(slopes) == 4 for slopes in results["quarter_slopes"].values())
+    assert max(row["coordinator_objects"] for row in results["rows"]) < 20
+    assert (tmp_path / "ray_plateau.png").read_bytes()[:8] == PNG_SIGNATURE

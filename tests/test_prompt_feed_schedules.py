@@ -175,6 +175,22 @@ def test_new_member_weights_in_flight_take_effect_at_their_uid_and_a_rewind_repe
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)
 
+    # the same change as a schedule over the stream, in the feed's config: the same hand-outs
+    planned = ScheduleConfig(member_weights=[{"at": [0, 6], "weights": {"easy": 0.0}}])
+    cfg = config(world=1)
+    handle = start_prompt_feed(cfg, spec, FeedConfig(max_outstanding=40, schedule=planned))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+        prompts = rollout.take(6) + rollout.take(10)
+        assert [(tuple(p.uid), p.key, p.payload["source_datasets"]) for p in prompts] == first
+        state = trainer.state_dict()
+        assert state["ledger"]["schedule"]["member_weights"] == [[0, 6, {"easy": 0.0}]]
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+    with pytest.raises(ConfigError, match=r"feed_config.schedule: member weights name \['medium'\], not members"):
+        start_prompt_feed(config(world=1), spec, FeedConfig(max_outstanding=4, schedule=ScheduleConfig(
+            member_weights=[{"at": [0, 0], "weights": {"medium": 1.0}}])))  # fmt: skip
+
 
 def test_a_bad_schedule_is_refused_before_any_actor_starts(ray_session):
     with pytest.raises(ConfigError, match=r"feed_config.schedule: schedule 'difficulty_filter' refuses options \{'defer_for': 0\}"):
@@ -222,5 +238,36 @@ def test_the_dynamic_sampler_fills_every_batch_with_groups_that_have_a_reward_sp
         rollout.take(12 - status["outstanding"])  # fill the window
         with pytest.raises(RuntimeError, match="the feed handed out no prompt with 0 of 2 groups ready: its window is full"):
             full.next_batch(2)
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+@pytest.mark.timeout(300)
+def test_prompts_a_dead_worker_held_come_back_whatever_the_schedule_learned_since(ray_session):
+    """Released prompts were decided when first reached: they are handed out again first, even
+    when their outcomes since (of the same keys in the history) would have the schedule skip them."""
+    from rl_data.prompt_feed.client import RolloutClient
+
+    cfg = config()
+    handle = start_prompt_feed(cfg, SPEC, FeedConfig(max_outstanding=30, schedule=FILTER))
+    try:
+        worker = RolloutClient(handle, timeout_s=TIMEOUT_S, holder="worker-1")
+        other, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+        held = worker.take(6)
+        delivered = held[0]
+        trainer.ack([p.uid for p in other.take(18)], outcomes=None)  # the rest of epoch 0, no outcomes
+        released = trainer.release_holder("worker-1", keep=[delivered.uid])
+        assert released == [p.uid for p in held[1:]]
+        trainer.ack([delivered.uid], outcomes=[Outcome(4, correct=4)])  # solved: retired from epoch 1 on
+        again = other.take(5)
+        assert [(p.uid, p.key) for p in again] == [(p.uid, p.key) for p in held[1:]]
+        trainer.drop([p.uid for p in again], "zero_spread", outcomes=[Outcome(4, correct=0)] * 5)  # failed: deferred
+        following = other.take(19)  # epoch 1 hands out the 18 others, then epoch 2 begins
+        assert [p.uid[0] for p in following] == [1] * 18 + [2]
+        epoch_1 = {p.key for p in following[:18]}
+        status = other.status()
+        assert status["epochs"][0]["resolved_exactly_once"] is True
+        assert (status["epochs"][1]["size"], status["epochs"][1]["skipped"]) == (24, {"retired": 1, "deferred": 5})
+        assert delivered.key not in epoch_1 and not {p.key for p in again} & epoch_1
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)

@@ -430,7 +430,11 @@ class PromptFeed:
             self._gauges = asyncio.get_running_loop().create_task(self._update_gauges())
 
     def _new_ledger(self) -> PromptLedger:
-        return PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=self._feed_config.schedule)
+        schedule = self._feed_config.schedule
+        ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=schedule)
+        for change in schedule.member_weights:
+            ledger.set_member_weights(member_shares(self._loader_spec, change.weights), at=change.at)
+        return ledger
 
     async def _resolve(self, action: str, call: Any, uids: list[Any], total: str) -> None:
         """Run the ledger's ``action`` (all or nothing), forget the uids' hand-out times, wake waiting takes."""
@@ -550,6 +554,9 @@ def start_prompt_feed(
     else:
         try:
             feed_config.schedule.build()
+            for change in feed_config.schedule.member_weights:
+                if isinstance(loader_spec, LoaderSpec):
+                    member_shares(loader_spec, change.weights)
         except ValueError as error:
             problems.append(f"feed_config.schedule: {error}")
     if problems:

@@ -108,14 +108,27 @@ class Prioritized(_Options):
 SCHEDULES: dict[str, type] = {"uniform": Uniform, "difficulty_filter": DifficultyFilter, "prioritized": Prioritized}
 
 
+class WeightChange(BaseModel):
+    """New mixture member weights from uid ``at`` (``[epoch, position]``) on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    at: tuple[int, int] = Field(description="The first uid the weights apply to, [epoch, position].")
+    weights: dict[str, float] = Field(description="Member name -> weight, relative, as in the mixture; members not named keep theirs.")
+
+
 class ScheduleConfig(BaseModel):
-    """Which schedule a feed runs: a built-in name or ``"package.module:Class"``, its options and seed."""
+    """Which schedule a feed runs (a built-in name or ``"package.module:Class"``, its options and
+    seed) and, over a mixture, the member weights it changes to at given uids."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(default="uniform", description="'uniform', 'difficulty_filter', 'prioritized' or 'package.module:Class'.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the schedule.")
     seed: int = Field(default=0, ge=0, description="Seed of the schedule's draws.")
+    member_weights: list[WeightChange] = Field(
+        default_factory=list, description="Over a mixture: member weights from given uids on (a schedule over the stream)."
+    )
 
     def build(self) -> Schedule:
         """The schedule; ``ValueError`` naming the schedule for an unknown name or bad options."""
@@ -137,7 +150,10 @@ class ScheduleConfig(BaseModel):
 
     def describe(self) -> dict[str, Any]:
         """What a checkpoint records of it (a restore refuses another)."""
-        return {"name": self.name, "options": dict(sorted(self.options.items())), "seed": self.seed}
+        described = {"name": self.name, "options": dict(sorted(self.options.items())), "seed": self.seed}
+        if self.member_weights:
+            described["member_weights"] = [[*change.at, dict(sorted(change.weights.items()))] for change in self.member_weights]
+        return described
 
 
 def draw(seed: int, epoch: int, position: int, key: str) -> float:
