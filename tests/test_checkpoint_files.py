@@ -61,6 +61,16 @@ def test_unsupported_value_is_refused_with_its_location(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bytes_round_trip_and_empty_bytes_are_refused_before_anything_is_written(tmp_path):
+    """torch pickles b"" as a call of ``bytes`` that ``weights_only`` refuses to load: refused at save."""
+    path = save_checkpoint_file(tmp_path / "b.pt", {"history": {"keys": bytes(range(256)), "records": b"\x00" * 8}})
+    assert load_checkpoint_file(path)["history"] == {"keys": bytes(range(256)), "records": b"\x00" * 8}
+    assert content_digest({"a": b"1"}) != content_digest({"a": "1"})
+    with pytest.raises(TypeError, match=r"checkpoint value at content\.history\.keys is empty bytes, which torch.load\(weights_only=True\) cannot read"):
+        save_checkpoint_file(tmp_path / "empty" / "c.pt", {"history": {"keys": b""}})
+    assert not (tmp_path / "empty" / "c.pt").exists()
+
+
 def test_overwrite_replaces_atomically(tmp_path):
     path = tmp_path / "c.pt"
     save_checkpoint_file(path, {"step": 1})

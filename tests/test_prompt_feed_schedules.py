@@ -53,6 +53,17 @@ def config(world: int = 2) -> Any:
     return runtime_config(world, 2, namespace=NAMESPACE, name=f"sched-{uuid.uuid4().hex[:8]}")
 
 
+def mixture_spec(members: dict[str, str]) -> LoaderSpec:
+    """A virtual-mode mixture of ``members`` (name -> dataset path) at equal weights."""
+    energon = {"task": "rl_prompt", "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
+    mixture = [{"name": name, "path": path, "weight": 0.5} for name, path in members.items()]
+    return LoaderSpec(
+        data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
+        source={"mixture": mixture, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 5},
+        batch_size=4, max_sequence_length=256,
+    )  # fmt: skip
+
+
 class Trainer:
     """Takes 4 prompts a step and resolves each 0-2 steps later, out of order, with its outcome."""
 
@@ -126,18 +137,12 @@ def wait_for_at_least(port: int, series: str, labels: dict[str, str], value: flo
 
 
 @pytest.mark.timeout(300)
-def test_new_member_weights_in_flight_take_effect_at_their_uid_and_a_rewind_repeats_them(ray_session, mixture_members):
+def test_new_member_weights_in_flight_take_effect_at_their_uid_and_a_rewind_repeats_them(ray_session, mixture_members, tmp_path):
     """A virtual-mode mixture easy 0.5 / hard 0.5 (one rank actor: torch, Energon, the real tokenizer):
     from the uid the new weights name on, the feed hands out only 'hard' prompts (easy at weight 0)
     and counts the skipped 'easy' ones; a rewind to a checkpoint taken before the change, with the
     same call, repeats every hand-out."""
-    energon = {"task": "rl_prompt", "shuffle_buffer_size": 6, "max_samples_per_sequence": 2}
-    mixture = [{"name": name, "path": path, "weight": 0.5} for name, path in mixture_members.items()]
-    spec = LoaderSpec(
-        data_config={"energon": energon, "shuffle": True, "task": {"generation_padding": "left"}},
-        source={"mixture": mixture, "split": "train", "epoch_mode": "virtual", "virtual_epoch_length": 5},
-        batch_size=4, max_sequence_length=256,
-    )  # fmt: skip
+    spec = mixture_spec(mixture_members)
     cfg = config(world=1)
     handle = start_prompt_feed(cfg, spec, FeedConfig(max_outstanding=40))
     try:
@@ -155,6 +160,8 @@ def test_new_member_weights_in_flight_take_effect_at_their_uid_and_a_rewind_repe
             return handed
 
         fresh = trainer.state_dict()
+        saved = trainer.save_checkpoint(str(tmp_path / "fresh"))  # a mixture's state, no outcome yet: loads with weights_only
+        assert trainer.load_checkpoint(str(tmp_path / "fresh"))["history"]["prompts"] == 0 and saved.endswith(".pt")
         first = run()
         assert {member for _, _, member in first[:6]} == {"easy", "hard"}
         assert {member for _, _, member in first[6:]} == {"hard"} and len(first) == 16
@@ -269,5 +276,46 @@ def test_prompts_a_dead_worker_held_come_back_whatever_the_schedule_learned_sinc
         assert status["epochs"][0]["resolved_exactly_once"] is True
         assert (status["epochs"][1]["size"], status["epochs"][1]["skipped"]) == (24, {"retired": 1, "deferred": 5})
         assert delivered.key not in epoch_1 and not {p.key for p in again} & epoch_1
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+@pytest.mark.timeout(300)
+def test_a_schedule_sets_member_weights_from_the_members_pass_rates_and_a_rewind_repeats_them(
+    ray_session, mixture_members, metrics_port
+):
+    """``PassRateWeights`` (tests/test_prompt_schedules.py) every 4 positions: 'easy' always solved
+    (weight 0.1 from then on), 'hard' solved half the time (weight 1)."""
+    spec = mixture_spec(mixture_members)
+    schedule = ScheduleConfig(name="test_prompt_schedules:PassRateWeights", reweight_every=4)
+    cfg = config(world=1)
+    handle = start_prompt_feed(cfg, spec, FeedConfig(max_outstanding=40, schedule=schedule))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+
+        def run() -> list[tuple[tuple[int, int], str]]:
+            handed = []
+            for _ in range(8):
+                prompts = rollout.take(3)
+                members = [p.payload["source_datasets"] for p in prompts]
+                trainer.ack([p.uid for p in prompts], outcomes=[Outcome(4, correct=4 if m == "easy" else 2) for m in members])
+                handed += [(tuple(p.uid), m) for p, m in zip(prompts, members)]
+            return handed
+
+        fresh = trainer.state_dict()
+        first = run()
+        status = rollout.status()
+        easy_later = [m for uid, m in first[12:]].count("easy")
+        assert status["skipped"].get("member_weight", 0) > 0 and easy_later <= 3
+        assert status["members"]["easy"]["pass_rate"] == 1.0 and status["members"]["hard"]["pass_rate"] == 0.5
+        assert all(position % 4 == 0 for _, position, _ in status["member_weights"])
+        trainer.load_state_dict(fresh)
+        assert run() == first
+        for series, labels, value in (
+            ("ray_rl_data_feed_member_pass_rate", {"member": "easy"}, 1.0),
+            ("ray_rl_data_feed_outcomes_total", {"member": "hard"}, status["members"]["hard"]["outcomes"]),
+            ("ray_rl_data_feed_skipped_total", {"member": "easy", "reason": "member_weight"}, 1),
+        ):
+            assert wait_for_at_least(metrics_port, series, {"feed": cfg.name, **labels}, value), series
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)

@@ -51,9 +51,16 @@ class MemberProducer(ListProducer):
         return Item(got.key, {**got.payload, "source_datasets": self.name})
 
 
+def shares_of(weights: dict[str, float]) -> dict[str, float]:
+    """Member weights -> hand-out shares over a mixture of a and b at equal weights."""
+    full = {"a": 1.0, "b": 1.0} | weights
+    return {m: w / max(full.values()) for m, w in full.items()}
+
+
 def new_ledger(schedule: ScheduleConfig, window: int = 8, state=None, mixture: bool = True) -> PromptLedger:
     producers = [MemberProducer("a", 7, mixture), MemberProducer("b", 5, mixture)]
-    built = PromptLedger(producers, max_outstanding=window, schedule=schedule)
+    built = PromptLedger(producers, max_outstanding=window, schedule=schedule,
+                         weight_shares=shares_of if schedule.reweight_every else None)  # fmt: skip
     if state is not None:
         built.load_state_dict(pickle.loads(pickle.dumps(state)))
     return built
@@ -95,10 +102,22 @@ class Trainer:
                 self.ledger.ack([uid], outcomes=[result])
 
 
+class PassRateWeights:
+    """A user schedule: every prompt, and member weights 4p(1-p) of each member's pass rate (floor 0.1)."""
+
+    def decide(self, record, draw, *, retired_share):
+        return HAND_OUT
+
+    def member_weights(self, members):
+        rates = {name: m["pass_rate"] for name, m in members.items() if m["pass_rate"] is not None}
+        return {name: max(0.1, 4 * p * (1 - p)) for name, p in rates.items()} or None
+
+
 SCHEDULES = [
     ScheduleConfig(),
     ScheduleConfig(name="difficulty_filter", options={"retire_after": 1, "defer_after": 1, "defer_for": 2, "max_retired_share": 0.6}),
     ScheduleConfig(name="prioritized", options={"weight": "variance", "floor": 0.2}, seed=3),
+    ScheduleConfig(name=f"{__name__}:PassRateWeights", reweight_every=5),
 ]
 STEPS = 40
 
@@ -252,8 +271,12 @@ def test_every_epoch_is_handed_out_or_skipped_exactly_once_and_counted(schedule)
     elif schedule.name == "difficulty_filter":
         assert summary["skipped"][RETIRED] > 0 and summary["skipped"][DEFERRED] > 0
         assert summary["history"]["retired"] <= 0.6 * summary["history"]["prompts"] + 1
-    else:
+    elif schedule.name == "prioritized":
         assert summary["skipped"][DEPRIORITIZED] > 0
+    else:  # weights from the members' pass rates, every 5 positions; the settled ones pruned
+        assert set(summary["skipped"]) == {MEMBER_WEIGHT} and len(summary["member_weights"]) <= 2
+        (epoch, position, shares), *_ = summary["member_weights"]
+        assert position % 5 == 0 and max(shares.values()) == 1.0 and min(shares.values()) < 1.0
     assert summary["history"]["bytes"] <= 16 * summary["history"]["prompts"]
 
 
@@ -343,3 +366,36 @@ def test_random_weights_and_outcomes_never_hand_a_prompt_out_twice_in_an_epoch()
             prompt = held.pop()
             ledger.ack([prompt.uid], outcomes=[outcome(prompt.key, len(handed))])
     assert ledger.summary()["epoch"] >= 5
+
+
+class FailsOnce:
+    """A user schedule whose first decision raises (a bug, a timeout): the prompt must not be lost."""
+
+    calls = 0
+
+    def decide(self, record, draw, *, retired_share):
+        FailsOnce.calls += 1
+        if FailsOnce.calls == 3:
+            raise RuntimeError("the schedule's service timed out")
+        return HAND_OUT
+
+
+def test_a_decision_that_raises_loses_no_prompt_and_the_next_take_decides_it_again():
+    FailsOnce.calls = 0
+    ledger = new_ledger(ScheduleConfig(name=f"{__name__}:FailsOnce"), window=30)
+    first = ledger.take(2)
+    with pytest.raises(RuntimeError, match="timed out"):
+        ledger.take(5)  # the third prompt's decision raises: nothing of this take is handed out
+    assert ledger.outstanding == 2
+    rest = ledger.take(10)
+    assert [tuple(p.uid) for p in first + rest] == [(0, p) for p in range(12)]
+    ledger.ack([p.uid for p in first + rest])
+    assert ledger.summary()["epochs"][0]["size"] is None and ledger.take(1)[0].uid == (1, 0)
+    assert ledger.summary()["epochs"][0]["resolved_exactly_once"] is True
+
+
+def test_reweighting_needs_a_member_weights_method_and_a_mixture():
+    with pytest.raises(ValueError, match=r"has reweight_every 5 but no member_weights\(members\) method"):
+        ScheduleConfig(name="prioritized", reweight_every=5).build()
+    with pytest.raises(ValueError, match="reweight_every 5, which needs a feed over a mixture of datasets"):
+        PromptLedger([MemberProducer("a", 3)], max_outstanding=4, schedule=ScheduleConfig(name=f"{__name__}:PassRateWeights", reweight_every=5))

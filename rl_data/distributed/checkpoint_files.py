@@ -1,8 +1,8 @@
 """Atomic, checksummed checkpoint files that load with ``torch.load(weights_only=True)``.
 
 A checkpoint file is ``torch.save`` of ``{"format", "format_version", "sha256", "content"}``
-where ``content`` holds only dicts with str keys, lists, tuples, str, bytes, int, float, bool, None
-and tensors, and ``sha256`` is :func:`content_digest` of it. Files are written to a temporary file
+where ``content`` holds only dicts with str keys, lists, tuples, str, non-empty bytes, int, float,
+bool, None and tensors, and ``sha256`` is :func:`content_digest` of it. Files are written to a temporary file
 in the target directory, fsynced and renamed over the target (then the directory is fsynced),
 so a reader sees the old file or the new one, never a torn one. A truncated, altered or
 malformed file (any key or type of the record other than expected) is refused with
@@ -153,6 +153,11 @@ def _feed(digest: Any, value: Any, where: str, torch: Any) -> None:
         for i, item in enumerate(value):
             _feed(digest, item, f"{where}[{i}]", torch)
     elif isinstance(value, bytes):
+        if not value:
+            raise TypeError(
+                f"checkpoint value at {where} is empty bytes, which torch.load(weights_only=True) cannot read back; "
+                "store None (or non-empty bytes) there"
+            )
         digest.update(f"B{len(value)};".encode() + value)
     elif isinstance(value, str):
         encoded = value.encode()

@@ -61,6 +61,7 @@ Runtime:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections import Counter
@@ -431,7 +432,11 @@ class PromptFeed:
 
     def _new_ledger(self) -> PromptLedger:
         schedule = self._feed_config.schedule
-        ledger = PromptLedger(self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=schedule)
+        mixture = bool(schedule.reweight_every or schedule.member_weights)
+        ledger = PromptLedger(
+            self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=schedule,
+            weight_shares=functools.partial(member_shares, self._loader_spec) if mixture else None,
+        )  # fmt: skip
         for change in schedule.member_weights:
             ledger.set_member_weights(member_shares(self._loader_spec, change.weights), at=change.at)
         return ledger
@@ -557,6 +562,8 @@ def start_prompt_feed(
             for change in feed_config.schedule.member_weights:
                 if isinstance(loader_spec, LoaderSpec):
                     member_shares(loader_spec, change.weights)
+            if feed_config.schedule.reweight_every and isinstance(loader_spec, LoaderSpec):
+                member_shares(loader_spec, {})  # refuses a feed over one dataset
         except ValueError as error:
             problems.append(f"feed_config.schedule: {error}")
     if problems:

@@ -58,7 +58,7 @@ import contextlib
 import gc
 import heapq
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,17 +164,34 @@ class PromptLedger:
     #: Present when a schedule, an outcome or a weight was ever used (absent, the state is as before schedules).
     ADAPTIVE_KEYS = (KEY_SKIPPED, KEY_SCHEDULE, KEY_HISTORY, KEY_MEMBERS, KEY_WEIGHTS)
 
-    def __init__(self, producers: Sequence[Producer], *, max_outstanding: int, schedule: ScheduleConfig | None = None) -> None:
-        """``schedule``: which prompts are handed out (default ``uniform``: all of them)."""
+    def __init__(
+        self,
+        producers: Sequence[Producer],
+        *,
+        max_outstanding: int,
+        schedule: ScheduleConfig | None = None,
+        weight_shares: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    ) -> None:
+        """``schedule``: which prompts are handed out (default ``uniform``: all of them);
+        ``weight_shares``: member weights -> hand-out shares (a mixture feed's; the schedule's
+        ``member_weights`` every ``reweight_every`` positions needs it)."""
         if type(max_outstanding) is not int or max_outstanding < 1:
             raise ValueError(f"max_outstanding must be a positive int, found {max_outstanding!r}")
         self.max_outstanding = max_outstanding
         self.schedule = schedule or ScheduleConfig()
         self._schedule = self.schedule.build()
+        if self.schedule.reweight_every and weight_shares is None:
+            raise ValueError(
+                f"schedule {self.schedule.name!r} has reweight_every {self.schedule.reweight_every}, which needs a feed over a "
+                "mixture of datasets; set reweight_every 0"
+            )
+        self._weight_shares = weight_shares
         self._history = PromptHistory()
         self._members: dict[str, MemberCounts] = {}
         self._weights: list[tuple[Uid, dict[str, float]]] = []  # (from uid, member -> hand-out share), by uid
         self._events: Counter = Counter()  # for metrics, since the last pop_events (not checkpointed)
+        self._undecided: tuple[Pull, Item] | None = None  # pulled, but its decision raised
+        self._reweighed_at: Uid | None = None
         self._stream = MergedStream(producers)
         self._journal: deque[Pull] = deque()  # every producer call since the low-water mark
         self._state: dict[Uid, str] = {}  # uids from the low-water mark on that were pulled or resolved
@@ -255,8 +272,13 @@ class PromptLedger:
         bad = {m: v for m, v in shares.items() if not isinstance(m, str) or not isinstance(v, (int, float)) or not 0 <= v <= 1}
         if bad:
             raise ValueError(f"member shares must map member names to numbers in [0, 1], found {bad!r}")
-        self._weights = sorted([*self._weights, (start, {m: float(v) for m, v in sorted(shares.items())})], key=lambda c: c[0])
+        self._add_weights(shares, start)
         return start
+
+    def _add_weights(self, shares: dict[str, float], start: Uid) -> None:
+        changes = sorted([*self._weights, (start, {m: float(v) for m, v in sorted(shares.items())})], key=lambda c: c[0])
+        settled = [c for c in changes if c[0] <= self._frontier]  # no prompt below the frontier is decided again
+        self._weights = settled[-1:] + [c for c in changes if c[0] > self._frontier]
 
     def release(self, uids: Iterable[Any]) -> None:
         """Give outstanding prompts back: handed out again, before new ones, in uid order."""
@@ -328,7 +350,7 @@ class PromptLedger:
             fields.update({
                 self.KEY_SKIPPED: skipped,
                 self.KEY_SCHEDULE: self.schedule.describe(),
-                self.KEY_HISTORY: self._history.state(),
+                self.KEY_HISTORY: self._history.state() if len(self._history) else None,
                 self.KEY_MEMBERS: {name: member_json(c) for name, c in sorted(self._members.items())},
                 self.KEY_WEIGHTS: [[*uid, dict(shares)] for uid, shares in self._weights],
             })  # fmt: skip
@@ -363,15 +385,22 @@ class PromptLedger:
     def _pull_unresolved(self) -> Uid:
         skipped_in_a_row = 0
         while True:
-            pull, item = self._stream.pull()
-            self._journal.append(pull)
-            if pull.epoch_size is not None:
-                self._end_epoch(pull.cursor_before.epoch, pull.epoch_size)
+            if self._undecided is not None:  # a decision that raised: decided again, not lost
+                (pull, item), self._undecided = self._undecided, None
+            else:
+                pull, item = self._stream.pull()
+                self._journal.append(pull)
+                if pull.epoch_size is not None:
+                    self._end_epoch(pull.cursor_before.epoch, pull.epoch_size)
             uid = pull.uid
             if uid is None or self._state.get(uid) in RESOLVED:
                 continue
             if uid >= self._frontier:  # never handed out: the weights and the schedule decide
-                reason = self._decide(uid, item)
+                try:
+                    reason = self._decide(uid, item)
+                except BaseException:
+                    self._undecided = (pull, item)
+                    raise
                 if reason is not None:
                     self._state[uid] = SKIPPED
                     add(self._counts(uid.epoch).skipped, reason)
@@ -393,6 +422,12 @@ class PromptLedger:
     def _decide(self, uid: Uid, item: Item) -> str | None:
         """The skip reason of a prompt reached for the first time, None to hand it out."""
         seed = self.schedule.seed
+        every = self.schedule.reweight_every
+        if every and uid.position % every == 0 and uid.position and self._reweighed_at != uid:
+            weights = self._schedule.member_weights({name: member_summary(c) for name, c in sorted(self._members.items())})
+            if weights is not None:
+                self._add_weights(self._weight_shares(weights), uid)
+            self._reweighed_at = uid  # a decision retried after it raised does not ask again
         shares = self._shares_at(uid)
         name = member_name(item)
         if shares and name is not None and draw(seed, uid.epoch, uid.position, "member\x1f" + item.key) >= shares.get(name, 1.0):
@@ -478,7 +513,7 @@ class PromptLedger:
         while self._journal:
             uid = self._journal[0].uid
             if uid is not None:
-                if self._state[uid] not in RESOLVED:
+                if self._state.get(uid) not in RESOLVED:
                     return
                 del self._state[uid]
             self._journal.popleft()
@@ -573,7 +608,8 @@ class PromptLedger:
                 ) from None
         history, members, weights = PromptHistory(), {}, []
         if adaptive:
-            history = PromptHistory.from_state(state[self.KEY_HISTORY])
+            saved = state[self.KEY_HISTORY]
+            history = PromptHistory() if saved is None else PromptHistory.from_state(saved)
             try:
                 members = {str(name): MemberCounts(**counts) for name, counts in state[self.KEY_MEMBERS].items()}
                 weights = [(_uid([epoch, position]), dict(shares)) for epoch, position, shares in state[self.KEY_WEIGHTS]]

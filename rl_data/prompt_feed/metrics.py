@@ -145,16 +145,16 @@ class FeedMetrics:
             if count:
                 _created()[SKIPPED.name].inc(count, {**self._tags, "reason": reason, "member": member})
 
-    def record_outcomes(self, members: dict[str, dict[str, Any]], delta: dict[str, tuple[int, int, int]]) -> None:
+    def record_outcomes(self, pass_rates: dict[str, float], delta: dict[str, tuple[int, int, int]]) -> None:
         """``delta``: ``{member: (outcomes, zero-spread ones, samples generated)}`` since the last call;
-        ``members``: the ledger's member summaries (their pass rates)."""
+        ``pass_rates``: each mixture member's mean pass rate so far."""
         metrics = _created()
         for member, (outcomes, zero_spread, generated) in delta.items():
             tags = {**self._tags, "member": member}
             for definition, count in ((OUTCOMES, outcomes), (ZERO_SPREAD, zero_spread), (GENERATED, generated)):
                 if count:
                     metrics[definition.name].inc(count, tags)
-            rate = members.get(member, {}).get("pass_rate")
+            rate = pass_rates.get(member)
             if rate is not None:
                 metrics[PASS_RATE.name].set(rate, tags)
 

@@ -21,7 +21,10 @@ Built in (:data:`SCHEDULES`):
   (``"failure"``); prompts without a history always.
 
 A user schedule is a class named by import path (``"package.module:Class"``) whose constructor takes
-the options as keywords and that has ``decide(record, draw) -> Decision``.
+the options as keywords and that has ``decide(record, draw) -> Decision``. Over a mixture, it may
+also have ``member_weights(members) -> dict | None``: every ``reweight_every`` stream positions the
+feed passes it each member's counters (``taken``, ``skipped``, ``outcomes``, ``pass_rate``, ...) and
+applies the weights it returns from that uid on (None: no change).
 """
 
 from __future__ import annotations
@@ -129,6 +132,9 @@ class ScheduleConfig(BaseModel):
     member_weights: list[WeightChange] = Field(
         default_factory=list, description="Over a mixture: member weights from given uids on (a schedule over the stream)."
     )
+    reweight_every: int = Field(
+        default=0, ge=0, description="Over a mixture: every this many stream positions, new member weights from the schedule's member_weights(members) (0: never)."
+    )
 
     def build(self) -> Schedule:
         """The schedule; ``ValueError`` naming the schedule for an unknown name or bad options."""
@@ -146,6 +152,11 @@ class ScheduleConfig(BaseModel):
             raise ValueError(f"schedule {self.name!r} refuses options {self.options!r}: {error}") from None
         if not callable(getattr(schedule, "decide", None)):
             raise ValueError(f"schedule {self.name!r} has no decide(record, draw, *, retired_share) method")
+        if self.reweight_every and not callable(getattr(schedule, "member_weights", None)):
+            raise ValueError(
+                f"schedule {self.name!r} has reweight_every {self.reweight_every} but no member_weights(members) method; "
+                "add one, or set reweight_every 0"
+            )
         return schedule
 
     def describe(self) -> dict[str, Any]:
@@ -153,6 +164,8 @@ class ScheduleConfig(BaseModel):
         described = {"name": self.name, "options": dict(sorted(self.options.items())), "seed": self.seed}
         if self.member_weights:
             described["member_weights"] = [[*change.at, dict(sorted(change.weights.items()))] for change in self.member_weights]
+        if self.reweight_every:
+            described["reweight_every"] = self.reweight_every
         return described
 
 
