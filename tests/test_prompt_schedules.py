@@ -16,7 +16,8 @@ import random
 import pytest
 from test_prompt_ledger import ListProducer
 
-from rl_data.prompt_feed.ledger import MEMBER_WEIGHT, PromptLedger, UidStateError
+from rl_data.prompt_feed.curation import MEMBER_WEIGHT
+from rl_data.prompt_feed.ledger import PromptLedger, UidStateError
 from rl_data.prompt_feed.merge import PASS_END, Item
 from rl_data.prompt_feed.outcomes import MERGE_EVERY, Outcome, PromptHistory, PromptRecord
 from rl_data.prompt_feed.schedules import (

@@ -470,12 +470,12 @@ class PromptFeed:
     def _record_levels(self) -> None:
         """Set the gauges and count the ledger's events; call with the lock held (or when nothing runs on the worker thread)."""
         ledger = self._ledger
-        events = ledger.pop_events()
+        events = ledger.curator.pop_events()
         if events:
             self._metrics.record_skipped({(key[1], key[2]): n for key, n in events.items() if key[0] == "skipped"})
             members = {key[1] for key in events if key[0] == "outcomes"}
             self._metrics.record_outcomes(
-                ledger.member_pass_rates(),
+                ledger.curator.member_pass_rates(),
                 {m: (events["outcomes", m], events["zero_spread", m], events["generated", m]) for m in members},
             )
         self._metrics.record_levels(

@@ -63,14 +63,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
-from rl_data.prompt_feed.outcomes import Outcome, PromptHistory
-from rl_data.prompt_feed.schedules import Decision, ScheduleConfig, draw
+from rl_data.prompt_feed.curation import Curator, add
+from rl_data.prompt_feed.curation import STATE_KEYS as CURATOR_KEYS
+from rl_data.prompt_feed.outcomes import Outcome, checked_outcomes
+from rl_data.prompt_feed.schedules import ScheduleConfig
 from rl_data.stateful import envelope, open_envelope
 
 OUTSTANDING, RELEASED, ACKED, DROPPED, SKIPPED = "outstanding", "released", "acked", "dropped", "skipped"
 RESOLVED = (ACKED, DROPPED, SKIPPED)
-#: The skip reason of a prompt thinned out by its mixture member's weight.
-MEMBER_WEIGHT = "member_weight"
 #: Prompts one take may skip in a row before it refuses (a schedule that skips everything).
 MAX_SKIPPED_IN_A_ROW = 1_000_000
 
@@ -136,33 +136,15 @@ class EpochCounts:
         return entry
 
 
-@dataclass(slots=True)
-class MemberCounts:
-    """One mixture member's accounting: prompts handed out, skipped per reason, outcomes and their pass rates."""
-
-    taken: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    outcomes: int = 0
-    pass_rate_sum: float = 0.0
-    generated: int = 0
-    zero_spread: int = 0
-
-
-def add(counts: dict[str, int], reason: str, n: int = 1) -> None:
-    counts[reason] = counts.get(reason, 0) + n
-
-
 class PromptLedger:
     """Exactly-once bookkeeping of an async prompt feed (see module doc)."""
 
     STATE_FORMAT = "rl_data.prompt_feed.ledger"
     STATE_VERSION = 1
     KEY_PRODUCERS, KEY_CURSOR = "producers", "cursor"
-    KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS = "acked", "dropped", "frontier", "epochs"
+    KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS, KEY_SKIPPED = "acked", "dropped", "frontier", "epochs", "skipped"
     STATE_KEYS = (KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
-    KEY_SKIPPED, KEY_SCHEDULE, KEY_HISTORY, KEY_MEMBERS, KEY_WEIGHTS = "skipped", "schedule", "history", "members", "member_weights"
-    #: Present when a schedule, an outcome or a weight was ever used (absent, the state is as before schedules).
-    ADAPTIVE_KEYS = (KEY_SKIPPED, KEY_SCHEDULE, KEY_HISTORY, KEY_MEMBERS, KEY_WEIGHTS)
+    ADAPTIVE_KEYS = (KEY_SKIPPED, *CURATOR_KEYS)  # all present once a schedule, outcome or weight was used, else none
 
     def __init__(
         self,
@@ -179,19 +161,8 @@ class PromptLedger:
             raise ValueError(f"max_outstanding must be a positive int, found {max_outstanding!r}")
         self.max_outstanding = max_outstanding
         self.schedule = schedule or ScheduleConfig()
-        self._schedule = self.schedule.build()
-        if self.schedule.reweight_every and weight_shares is None:
-            raise ValueError(
-                f"schedule {self.schedule.name!r} has reweight_every {self.schedule.reweight_every}, which needs a feed over a "
-                "mixture of datasets; set reweight_every 0"
-            )
-        self._weight_shares = weight_shares
-        self._history = PromptHistory()
-        self._members: dict[str, MemberCounts] = {}
-        self._weights: list[tuple[Uid, dict[str, float]]] = []  # (from uid, member -> hand-out share), by uid
-        self._events: Counter = Counter()  # for metrics, since the last pop_events (not checkpointed)
+        self.curator = Curator(self.schedule, weight_shares)  # decides what is handed out (rl_data.prompt_feed.curation)
         self._undecided: tuple[Pull, Item] | None = None  # pulled, but its decision raised
-        self._reweighed_at: Uid | None = None
         self._stream = MergedStream(producers)
         self._journal: deque[Pull] = deque()  # every producer call since the low-water mark
         self._state: dict[Uid, str] = {}  # uids from the low-water mark on that were pulled or resolved
@@ -241,7 +212,7 @@ class PromptLedger:
     def ack(self, uids: Iterable[Any], outcomes: Sequence[Outcome | None] | None = None) -> None:
         """Outstanding prompts were trained; ``outcomes``: what each earned (None: not known)."""
         checked = self._outstanding_uids(uids, "ack")
-        known = self._checked_outcomes(checked, outcomes, "ack")
+        known = checked_outcomes(len(checked), outcomes, "ack")
         for uid, outcome in zip(checked, known):
             self._resolve(uid, ACKED, outcome)
             self._counts(uid.epoch).acked += 1
@@ -252,7 +223,7 @@ class PromptLedger:
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"drop needs a non-empty reason string, found {reason!r}")
         checked = self._outstanding_uids(uids, "drop")
-        known = self._checked_outcomes(checked, outcomes, "drop")
+        known = checked_outcomes(len(checked), outcomes, "drop")
         for uid, outcome in zip(checked, known):
             self._resolve(uid, DROPPED, outcome)
             add(self._counts(uid.epoch).dropped, reason)
@@ -269,30 +240,12 @@ class PromptLedger:
                 f"member weights cannot take effect at uid {tuple(start)}: the stream already reached "
                 f"{tuple(reached)}; name a uid >= {tuple(reached)} or none (the next prompt)"
             )
-        bad = {m: v for m, v in shares.items() if not isinstance(m, str) or not isinstance(v, (int, float)) or not 0 <= v <= 1}
-        if bad:
-            raise ValueError(f"member shares must map member names to numbers in [0, 1], found {bad!r}")
-        self._add_weights(shares, start)
+        self.curator.add_weights(shares, start, self._frontier)
         return start
-
-    def _add_weights(self, shares: dict[str, float], start: Uid) -> None:
-        changes = sorted([*self._weights, (start, {m: float(v) for m, v in sorted(shares.items())})], key=lambda c: c[0])
-        settled = [c for c in changes if c[0] <= self._frontier]  # no prompt below the frontier is decided again
-        self._weights = settled[-1:] + [c for c in changes if c[0] > self._frontier]
 
     def release(self, uids: Iterable[Any]) -> None:
         """Give outstanding prompts back: handed out again, before new ones, in uid order."""
         self._give_back(self._outstanding_uids(uids, "release"))
-
-    def pop_events(self) -> Counter:
-        """What happened since the last call, for metrics: ``("skipped", reason, member)``, and per
-        member ``("outcomes" | "zero_spread" | "generated", member)`` (member ``""`` outside a mixture)."""
-        events, self._events = self._events, Counter()
-        return events
-
-    def member_pass_rates(self) -> dict[str, float]:
-        """Each mixture member's mean pass rate over the outcomes received."""
-        return {name: c.pass_rate_sum / c.outcomes for name, c in self._members.items() if c.outcomes}
 
     def summary(self) -> dict[str, Any]:
         """Counters overall and per epoch.
@@ -316,18 +269,11 @@ class PromptLedger:
                 "skipped": dict(counts.skipped), "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
                 "resolved_exactly_once": None if counts.size is None else counts.resolved() == counts.size,
             })  # fmt: skip
-        skipped: dict[str, int] = {}
-        for counts in self._epochs.values():
-            for reason, count in counts.skipped.items():
-                add(skipped, reason, count)
+        skipped = dict(sum((Counter(c.skipped) for c in self._epochs.values()), Counter()))
         return {
             "epoch": self.epoch, "low_water_mark": list(self.low_water_mark), "outstanding": self._outstanding,
             "released_waiting": len(self._released), "dropped": dropped, "skipped": skipped, "epochs": epochs,
-            "bookkeeping": {"pulls": len(self._journal), "uids": len(self._state)},
-            "schedule": self.schedule.describe(),
-            "history": {"prompts": len(self._history), "bytes": self._history.nbytes, "retired": self._history.retired},
-            "members": {name: member_summary(c) for name, c in sorted(self._members.items())},
-            "member_weights": [[*uid, dict(shares)] for uid, shares in self._weights],
+            "bookkeeping": {"pulls": len(self._journal), "uids": len(self._state)}, **self.curator.summary(),
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -346,20 +292,14 @@ class PromptLedger:
             self.KEY_FRONTIER: list(self._frontier),
             self.KEY_EPOCHS: [c.to_json(e) for e, c in sorted(self._epochs.items())],
         }
-        if self._adaptive():
-            fields.update({
-                self.KEY_SKIPPED: skipped,
-                self.KEY_SCHEDULE: self.schedule.describe(),
-                self.KEY_HISTORY: self._history.state() if len(self._history) else None,
-                self.KEY_MEMBERS: {name: member_json(c) for name, c in sorted(self._members.items())},
-                self.KEY_WEIGHTS: [[*uid, dict(shares)] for uid, shares in self._weights],
-            })  # fmt: skip
+        if self.curator.used() or any(c.skipped for c in self._epochs.values()):
+            fields.update({self.KEY_SKIPPED: skipped, **self.curator.state()})
         return envelope(self.STATE_FORMAT, self.STATE_VERSION, fields)
 
     def check_state_dict(self, state: Any) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` for its form
         (format, version, keys, producer count, cursor, uids, counters); changes nothing."""
-        self._checked_state(state)
+        checked_state(state, producer_count=len(self._stream.producers), curator=self.curator)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint (and the producers) before the first ``take``; all or nothing."""
@@ -368,19 +308,13 @@ class PromptLedger:
                 "cannot restore a ledger that already handed out prompts; build a new ledger over "
                 "freshly built producers and load the checkpoint there"
             )
-        checked = self._checked_state(state)
+        checked = checked_state(state, producer_count=len(self._stream.producers), curator=self.curator)
         self._stream.restore(checked.producers, checked.cursor)
         with collector_paused():
             self._state = {uid: ACKED for uid in checked.acked} | {uid: DROPPED for uid in checked.dropped}
             self._state |= {uid: SKIPPED for uid in checked.skipped}
         self._frontier, self._epochs = checked.frontier, checked.epochs
-        self._history, self._members, self._weights = checked.history, checked.members, checked.weights
-
-    def _adaptive(self) -> bool:
-        """Whether the state needs :data:`ADAPTIVE_KEYS` (anything beyond a uniform feed without outcomes)."""
-        uniform = self.schedule.describe() == ScheduleConfig().describe()
-        skipped = any(c.skipped for c in self._epochs.values())
-        return not uniform or bool(len(self._history) or self._members or self._weights or skipped)
+        self.curator.load(checked.curated)
 
     def _pull_unresolved(self) -> Uid:
         skipped_in_a_row = 0
@@ -397,17 +331,14 @@ class PromptLedger:
                 continue
             if uid >= self._frontier:  # never handed out: the weights and the schedule decide
                 try:
-                    reason = self._decide(uid, item)
+                    reason = self.curator.decide(uid, item, self._frontier)
                 except BaseException:
                     self._undecided = (pull, item)
                     raise
                 if reason is not None:
                     self._state[uid] = SKIPPED
                     add(self._counts(uid.epoch).skipped, reason)
-                    self._events["skipped", reason, member_name(item) or ""] += 1
-                    member = self._member(item)
-                    if member is not None:
-                        add(member.skipped, reason)
+                    self.curator.skipped(item, reason)
                     skipped_in_a_row += 1
                     if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
                         raise ValueError(
@@ -419,49 +350,12 @@ class PromptLedger:
             self._items[uid] = item
             return uid
 
-    def _decide(self, uid: Uid, item: Item) -> str | None:
-        """The skip reason of a prompt reached for the first time, None to hand it out."""
-        seed = self.schedule.seed
-        every = self.schedule.reweight_every
-        if every and uid.position % every == 0 and uid.position and self._reweighed_at != uid:
-            weights = self._schedule.member_weights({name: member_summary(c) for name, c in sorted(self._members.items())})
-            if weights is not None:
-                self._add_weights(self._weight_shares(weights), uid)
-            self._reweighed_at = uid  # a decision retried after it raised does not ask again
-        shares = self._shares_at(uid)
-        name = member_name(item)
-        if shares and name is not None and draw(seed, uid.epoch, uid.position, "member\x1f" + item.key) >= shares.get(name, 1.0):
-            return MEMBER_WEIGHT
-        history = self._history
-        retired_share = history.retired / len(history) if len(history) else 0.0
-        decision = self._schedule.decide(history.get(item.key), draw(seed, uid.epoch, uid.position, item.key), retired_share=retired_share)
-        if not isinstance(decision, Decision):
-            raise TypeError(f"schedule {self.schedule.name!r} returned {decision!r} from decide, expected a Decision")
-        if decision.record is not None:
-            history.put(item.key, decision.record)
-        return decision.skip
-
-    def _shares_at(self, uid: Uid) -> dict[str, float] | None:
-        """The member shares in effect at ``uid`` (None: no weights set)."""
-        shares = None
-        for start, value in self._weights:
-            if start > uid:
-                break
-            shares = value
-        return shares
-
-    def _member(self, item: Item) -> MemberCounts | None:
-        name = member_name(item)
-        return None if name is None else self._members.setdefault(name, MemberCounts())
-
     def _hand_out(self, uid: Uid) -> TakenPrompt:
         counts = self._counts(uid.epoch)
         if uid >= self._frontier:
             counts.taken += 1
             self._frontier = Uid(uid.epoch, uid.position + 1)
-            member = self._member(self._items[uid])
-            if member is not None:
-                member.taken += 1
+            self.curator.handed_out(self._items[uid])
         else:
             counts.rehanded += 1
         self._state[uid] = OUTSTANDING
@@ -474,32 +368,7 @@ class PromptLedger:
         self._outstanding -= 1
         item = self._items.pop(uid)
         if outcome is not None:
-            self._history.observe(item.key, outcome)
-            name = member_name(item) or ""
-            self._events["outcomes", name] += 1
-            self._events["zero_spread", name] += int(outcome.zero_spread)
-            self._events["generated", name] += outcome.samples
-            member = self._member(item)
-            if member is not None:
-                member.outcomes += 1
-                member.pass_rate_sum += outcome.pass_rate
-                member.generated += outcome.samples
-                member.zero_spread += int(outcome.zero_spread)
-
-    @staticmethod
-    def _checked_outcomes(uids: list[Uid], outcomes: Sequence[Any] | None, action: str) -> list[Outcome | None]:
-        if outcomes is None:
-            return [None] * len(uids)
-        outcomes = list(outcomes)
-        if len(outcomes) != len(uids):
-            raise ValueError(f"{action} got {len(uids)} uids and {len(outcomes)} outcomes; give one outcome (or None) per uid")
-        for outcome in outcomes:
-            if outcome is not None and not isinstance(outcome, Outcome):
-                raise ValueError(
-                    f"{action} got {outcome!r} as an outcome, expected rl_data.Outcome or None; build one with "
-                    "Outcome(samples, correct=...) or Outcome.from_rewards(rewards)"
-                )
-        return outcomes
+            self.curator.observe(item, outcome)
 
     def _give_back(self, uids: list[Uid]) -> None:
         for uid in uids:
@@ -568,58 +437,6 @@ class PromptLedger:
             return "not handed out yet", "use the uids returned by take"
         return "not handed out since the restore", "take it again: a restore hands out every unresolved prompt again"
 
-    def _checked_state(self, state: Any) -> "CheckedState":
-        adaptive = isinstance(state, dict) and self.KEY_SCHEDULE in state
-        fields = self.STATE_KEYS + (self.ADAPTIVE_KEYS if adaptive else ())
-        state = open_envelope(state, fmt=self.STATE_FORMAT, version=self.STATE_VERSION, what="prompt ledger", fields=fields)
-        count = len(self._stream.producers)
-        producers = state[self.KEY_PRODUCERS]
-        if not isinstance(producers, list) or len(producers) != count:
-            found = len(producers) if isinstance(producers, list) else type(producers).__name__
-            raise ValueError(
-                f"prompt ledger checkpoint holds {found} producer states, this ledger has {count} "
-                "producers; restore with the producers the checkpoint was saved with"
-            )
-        cursor = Cursor.from_json(state[self.KEY_CURSOR], producers=count)
-        saved = state[self.KEY_SCHEDULE] if adaptive else ScheduleConfig().describe()
-        if saved != self.schedule.describe():
-            raise ValueError(
-                f"prompt ledger checkpoint was saved with another schedule: in checkpoint: {saved!r} / in this "
-                f"feed: {self.schedule.describe()!r}; restore with the schedule it was saved with (FeedConfig.schedule)"
-            )
-        with collector_paused():
-            acked, dropped, frontier = (
-                [_uid(v) for v in state[self.KEY_ACKED]],
-                [_uid(v) for v in state[self.KEY_DROPPED]],
-                _uid(state[self.KEY_FRONTIER]),
-            )
-            skipped = [_uid(v) for v in state[self.KEY_SKIPPED]] if adaptive else []
-        epochs = {}
-        for entry in state[self.KEY_EPOCHS]:
-            try:
-                values = dict(entry)
-                epoch = values.pop("epoch")
-                epochs[epoch] = EpochCounts(**values)
-            except (TypeError, ValueError, KeyError):
-                fields = ["epoch", *EpochCounts.__dataclass_fields__]
-                raise ValueError(
-                    f"prompt ledger checkpoint holds epoch counts {entry!r}, expected a mapping with keys "
-                    f"{fields}; it was not saved by this rl_data version"
-                ) from None
-        history, members, weights = PromptHistory(), {}, []
-        if adaptive:
-            saved = state[self.KEY_HISTORY]
-            history = PromptHistory() if saved is None else PromptHistory.from_state(saved)
-            try:
-                members = {str(name): MemberCounts(**counts) for name, counts in state[self.KEY_MEMBERS].items()}
-                weights = [(_uid([epoch, position]), dict(shares)) for epoch, position, shares in state[self.KEY_WEIGHTS]]
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(
-                    "prompt ledger checkpoint holds malformed member counts or member weights; it was not saved by "
-                    "this rl_data version"
-                ) from None
-        return CheckedState(producers, cursor, acked, dropped, skipped, frontier, epochs, history, members, weights)
-
 
 @dataclass(frozen=True)
 class CheckedState:
@@ -632,34 +449,48 @@ class CheckedState:
     skipped: list[Uid]
     frontier: Uid
     epochs: dict[int, EpochCounts]
-    history: PromptHistory
-    members: dict[str, MemberCounts]
-    weights: list[tuple[Uid, dict[str, float]]]
-
-
-def member_name(item: Item) -> str | None:
-    """The mixture member of a prompt (its ``source_datasets`` column), None outside a mixture."""
-    payload = item.payload
-    name = payload.get("source_datasets") if isinstance(payload, dict) else None
-    return name if isinstance(name, str) else None
-
-
-def member_json(counts: MemberCounts) -> dict[str, Any]:
-    return {"taken": counts.taken, "skipped": dict(counts.skipped), "outcomes": counts.outcomes,
-            "pass_rate_sum": counts.pass_rate_sum, "generated": counts.generated, "zero_spread": counts.zero_spread}  # fmt: skip
-
-
-def member_summary(counts: MemberCounts) -> dict[str, Any]:
-    """A member's counters with its mean pass rate and generations per group with a reward spread."""
-    useful = counts.outcomes - counts.zero_spread
-    return {
-        **member_json(counts),
-        "pass_rate": counts.pass_rate_sum / counts.outcomes if counts.outcomes else None,
-        "generated_per_useful_group": counts.generated / useful if useful else None,
-    }
+    curated: tuple[Any, ...]  # the curator's history, member counts and weights
 
 
 def _uid(value: Any) -> Uid:
     if not isinstance(value, list) or len(value) != 2 or any(type(v) is not int or v < 0 for v in value):
         raise ValueError(f"prompt ledger checkpoint holds {value!r} as a uid, expected [epoch, position]")
     return Uid(*value)
+
+
+def checked_state(state: Any, *, producer_count: int, curator: Curator) -> CheckedState:
+    """A :class:`PromptLedger` checkpoint checked for ``producer_count`` producers and ``curator``'s
+    schedule, and parsed; ``ValueError`` saying what is wrong. Changes nothing."""
+    ledger = PromptLedger
+    adaptive = isinstance(state, dict) and CURATOR_KEYS[0] in state
+    fields = ledger.STATE_KEYS + (ledger.ADAPTIVE_KEYS if adaptive else ())
+    state = open_envelope(state, fmt=ledger.STATE_FORMAT, version=ledger.STATE_VERSION, what="prompt ledger", fields=fields)
+    producers = state[ledger.KEY_PRODUCERS]
+    if not isinstance(producers, list) or len(producers) != producer_count:
+        found = len(producers) if isinstance(producers, list) else type(producers).__name__
+        raise ValueError(
+            f"prompt ledger checkpoint holds {found} producer states, this ledger has {producer_count} "
+            "producers; restore with the producers the checkpoint was saved with"
+        )
+    cursor = Cursor.from_json(state[ledger.KEY_CURSOR], producers=producer_count)
+    curated = curator.checked_state(state if adaptive else None, _uid)
+    with collector_paused():
+        acked, dropped, frontier = (
+            [_uid(v) for v in state[ledger.KEY_ACKED]],
+            [_uid(v) for v in state[ledger.KEY_DROPPED]],
+            _uid(state[ledger.KEY_FRONTIER]),
+        )
+        skipped = [_uid(v) for v in state[ledger.KEY_SKIPPED]] if adaptive else []
+    epochs = {}
+    for entry in state[ledger.KEY_EPOCHS]:
+        try:
+            values = dict(entry)
+            epoch = values.pop("epoch")
+            epochs[epoch] = EpochCounts(**values)
+        except (TypeError, ValueError, KeyError):
+            fields = ["epoch", *EpochCounts.__dataclass_fields__]
+            raise ValueError(
+                f"prompt ledger checkpoint holds epoch counts {entry!r}, expected a mapping with keys "
+                f"{fields}; it was not saved by this rl_data version"
+            ) from None
+    return CheckedState(producers, cursor, acked, dropped, skipped, frontier, epochs, curated)

@@ -118,6 +118,23 @@ class PromptRecord:
         )  # fmt: skip
 
 
+def checked_outcomes(count: int, outcomes: Sequence[Any] | None, action: str) -> list[Outcome | None]:
+    """``outcomes`` for ``count`` uids of an ``action`` (None: ``count`` Nones); ``ValueError`` for
+    another length or a value that is neither an ``Outcome`` nor None."""
+    if outcomes is None:
+        return [None] * count
+    outcomes = list(outcomes)
+    if len(outcomes) != count:
+        raise ValueError(f"{action} got {count} uids and {len(outcomes)} outcomes; give one outcome (or None) per uid")
+    for outcome in outcomes:
+        if outcome is not None and not isinstance(outcome, Outcome):
+            raise ValueError(
+                f"{action} got {outcome!r} as an outcome, expected rl_data.Outcome or None; build one with "
+                "Outcome(samples, correct=...) or Outcome.from_rewards(rewards)"
+            )
+    return outcomes
+
+
 def key_hash(key: str) -> int:
     """The 64-bit hash a prompt's key is stored under."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
