@@ -129,6 +129,8 @@ def test_an_outcome_checks_its_fields_and_tells_a_zero_spread():
     rewards = Outcome.from_rewards([1.0, 0.0, 1.0, 1.0], correct_at=1.0)
     assert (rewards.samples, rewards.correct, rewards.mean_reward, rewards.zero_spread) == (4, 3, 0.75, False)
     assert Outcome.from_rewards([0.3, 0.3]).zero_spread and Outcome.from_rewards([0.3, 0.3]).pass_rate == pytest.approx(0.3)
+    with pytest.raises(ValueError, match=r"at least one reward and no NaN, found \[1.0, nan\]"):
+        Outcome.from_rewards([1.0, float("nan")])
     for bad, match in [
         (dict(samples=0, correct=0), "samples must be an int >= 1"),
         (dict(samples=4), "needs correct"),

@@ -99,6 +99,7 @@ __all__ = [
     "feed_runtime_config",
     "holds_actor_name",
     "member_shares",
+    "new_ledger",
     "prompt_spec_problems",
     "spawn_rank_actor",
     "start_prompt_feed",
@@ -190,6 +191,19 @@ def member_shares(spec: LoaderSpec, weights: dict[str, float]) -> dict[str, floa
     return {m: r / top for m, r in ratio.items()}
 
 
+def new_ledger(producers: Sequence[Any], feed_config: FeedConfig, spec: LoaderSpec) -> PromptLedger:
+    """A ledger over ``producers`` with the feed's window, schedule and planned member weights."""
+    schedule = feed_config.schedule
+    mixture = bool(schedule.reweight_every or schedule.member_weights)
+    ledger = PromptLedger(
+        producers, max_outstanding=feed_config.max_outstanding, schedule=schedule,
+        weight_shares=functools.partial(member_shares, spec) if mixture else None,
+    )  # fmt: skip
+    for change in schedule.member_weights:
+        ledger.set_member_weights(member_shares(spec, change.weights), at=change.at)
+    return ledger
+
+
 def check_prompt_spec(spec: LoaderSpec) -> None:
     """Refuse a loader spec that a prompt feed cannot serve (:func:`prompt_spec_problems`) with one
     :class:`~rl_data.config_blocks.ConfigError`."""
@@ -273,8 +287,7 @@ class PromptFeed:
         return taken
 
     async def ack(self, uids: Sequence[Any], outcomes: Optional[Sequence[Optional[Outcome]]] = None) -> None:
-        """Outstanding prompts were trained; ``outcomes``: what each earned (an ``Outcome`` or None
-        per uid), kept in the prompts' history for the schedule."""
+        """Outstanding prompts were trained; ``outcomes``: an ``Outcome`` (or None) per uid, for the schedule."""
         uids = list(uids)
         await self._resolve("ack", lambda: self._ledger.ack(uids, outcomes), uids, "acked")
         self._metrics.record_acked(len(uids))
@@ -286,15 +299,10 @@ class PromptFeed:
         self._metrics.record_dropped(len(uids), reason)
 
     async def set_member_weights(self, weights: dict[str, float], at: Optional[Sequence[int]] = None) -> list[int]:
-        """New weights for the members of the feed's mixture, from uid ``at`` on (default: the next
-        prompt the feed reaches; never one it already decided on); returns that uid.
-
-        ``weights``: member name -> weight, relative, as in the mixture (members not named keep their
-        mixture weight). The rank actors keep sampling with the mixture's weights; the feed hands out
-        a member's prompts with probability ``(new share / mixture share) / max over members`` and
-        skips the others (counted as ``member_weight``), so the prompts handed out follow the new
-        weights. A member whose mixture weight is 0 cannot be raised. Recorded in the checkpoint: a
-        restore repeats every decision.
+        """New mixture member weights from uid ``at`` on (default: the next prompt reached); returns that uid.
+        ``weights``: member name -> weight, relative, as in the mixture (others keep theirs); the feed
+        thins each member's prompts to match (:func:`member_shares`; skips counted as ``member_weight``),
+        recorded in the checkpoint.
         """
         shares = member_shares(self._loader_spec, weights)
         await self._ensure_ready()
@@ -386,7 +394,7 @@ class PromptFeed:
             with self._pool.restoring("a checkpoint"):
                 if rewind:
                     self._renew_producers()
-                ledger = self._new_ledger()
+                ledger = new_ledger(self._producers, self._feed_config, self._loader_spec)
                 await self._in_thread(ledger.load_state_dict, state["ledger"])
             self._fresh_ranks = True  # restored, nothing produced yet
             self._ledger = ledger
@@ -426,20 +434,9 @@ class PromptFeed:
         states = await self._pool.ready()
         if self._ledger is None:  # a concurrent call may have built it
             self._producers = [self._producer(rank, state) for rank, state in enumerate(states)]
-            self._ledger = self._new_ledger()
+            self._ledger = new_ledger(self._producers, self._feed_config, self._loader_spec)
             self._summary = self._ledger.summary()
             self._gauges = asyncio.get_running_loop().create_task(self._update_gauges())
-
-    def _new_ledger(self) -> PromptLedger:
-        schedule = self._feed_config.schedule
-        mixture = bool(schedule.reweight_every or schedule.member_weights)
-        ledger = PromptLedger(
-            self._producers, max_outstanding=self._feed_config.max_outstanding, schedule=schedule,
-            weight_shares=functools.partial(member_shares, self._loader_spec) if mixture else None,
-        )  # fmt: skip
-        for change in schedule.member_weights:
-            ledger.set_member_weights(member_shares(self._loader_spec, change.weights), at=change.at)
-        return ledger
 
     async def _resolve(self, action: str, call: Any, uids: list[Any], total: str) -> None:
         """Run the ledger's ``action`` (all or nothing), forget the uids' hand-out times, wake waiting takes."""
@@ -470,14 +467,7 @@ class PromptFeed:
     def _record_levels(self) -> None:
         """Set the gauges and count the ledger's events; call with the lock held (or when nothing runs on the worker thread)."""
         ledger = self._ledger
-        events = ledger.curator.pop_events()
-        if events:
-            self._metrics.record_skipped({(key[1], key[2]): n for key, n in events.items() if key[0] == "skipped"})
-            members = {key[1] for key in events if key[0] == "outcomes"}
-            self._metrics.record_outcomes(
-                ledger.curator.member_pass_rates(),
-                {m: (events["outcomes", m], events["zero_spread", m], events["generated", m]) for m in members},
-            )
+        self._metrics.record_curation(ledger.curator.pop_events(), ledger.curator.member_pass_rates)
         self._metrics.record_levels(
             outstanding=ledger.outstanding, oldest_age_s=self._oldest_age(),
             low_water_mark=tuple(ledger.low_water_mark), epoch=ledger.epoch,

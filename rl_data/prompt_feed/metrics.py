@@ -9,6 +9,7 @@ record the rank metrics of :mod:`rl_data.distributed.metrics` with ``coordinator
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from rl_data.distributed.metrics import TAGS as RUNTIME_TAGS
@@ -139,24 +140,21 @@ class FeedMetrics:
         if count:
             _created()[RELEASES.name].inc(count, self._tags)
 
-    def record_skipped(self, counts: dict[tuple[str, str], int]) -> None:
-        """``{(reason, member): prompts}`` skipped since the last call."""
-        for (reason, member), count in counts.items():
-            if count:
-                _created()[SKIPPED.name].inc(count, {**self._tags, "reason": reason, "member": member})
-
-    def record_outcomes(self, pass_rates: dict[str, float], delta: dict[str, tuple[int, int, int]]) -> None:
-        """``delta``: ``{member: (outcomes, zero-spread ones, samples generated)}`` since the last call;
-        ``pass_rates``: each mixture member's mean pass rate so far."""
-        metrics = _created()
-        for member, (outcomes, zero_spread, generated) in delta.items():
-            tags = {**self._tags, "member": member}
-            for definition, count in ((OUTCOMES, outcomes), (ZERO_SPREAD, zero_spread), (GENERATED, generated)):
-                if count:
-                    metrics[definition.name].inc(count, tags)
-            rate = pass_rates.get(member)
-            if rate is not None:
-                metrics[PASS_RATE.name].set(rate, tags)
+    def record_curation(self, events: dict[tuple[str, ...], int], pass_rates: Callable[[], dict[str, float]]) -> None:
+        """The curator's ``events`` since the last call (``("skipped", reason, member)`` and
+        ``("outcomes" | "zero_spread" | "generated", member)``) and, when outcomes came, the members'
+        mean pass rates (``pass_rates()``)."""
+        metrics, counters = _created(), {"outcomes": OUTCOMES, "zero_spread": ZERO_SPREAD, "generated": GENERATED}
+        for (kind, *labels), count in events.items():
+            if not count:
+                continue
+            if kind == "skipped":
+                metrics[SKIPPED.name].inc(count, {**self._tags, "reason": labels[0], "member": labels[1]})
+            else:
+                metrics[counters[kind].name].inc(count, {**self._tags, "member": labels[0]})
+        if any(key[0] == "outcomes" for key in events):
+            for member, rate in pass_rates().items():
+                metrics[PASS_RATE.name].set(rate, {**self._tags, "member": member})
 
     def record_restore(self, kind: RestoreKind) -> None:
         _created()[RESTORES.name].inc(1, {**self._tags, "kind": kind})

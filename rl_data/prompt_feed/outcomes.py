@@ -70,8 +70,8 @@ class Outcome:
     def from_rewards(cls, rewards: Sequence[float], *, correct_at: Optional[float] = None) -> "Outcome":
         """The outcome of a group of rewards in [0, 1]; ``correct_at``: a reward at least this is right."""
         values = [float(r) for r in rewards]
-        if not values:
-            raise ValueError("Outcome.from_rewards needs at least one reward, found none")
+        if not values or any(math.isnan(v) for v in values):
+            raise ValueError(f"Outcome.from_rewards needs at least one reward and no NaN, found {values}")
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
         correct = None if correct_at is None else sum(v >= correct_at for v in values)
