@@ -35,7 +35,7 @@ the feed, rank 0 of each, B's rank-0 Energon workers (summed) and the driver, tw
   worker does not show in it.
 
 Also the objects in each owner's in-process Ray store (``status()["objects_in_memory"]``) and the
-shared object store's usage. Each series gets a least-squares slope over the second half of the run
+shared object store's usage. Each series gets a Theil-Sen slope over the second half of the run
 (by steps, after warm-up), in MB (or objects) per 1,000 loop steps; ``|slope| <= 0.05`` reads as
 flat. Kills and rewinds are listed by step (``faults["events"]``) to tell a jump from steady growth.
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -139,11 +140,14 @@ class Faults:
 
 
 def second_half_slope(steps: Sequence[float], values: Sequence[Optional[float]]) -> Optional[float]:
-    """Least-squares slope of ``values`` against ``steps`` over the second half of the run, per 1,000 steps.
+    """Theil-Sen slope of ``values`` against ``steps`` over the second half of the run, per 1,000 steps.
 
-    The second half: the samples at or after the midpoint between the first and the last sample's
-    steps (warm-up growth before it does not count). Samples whose value is None are left out.
-    None when fewer than two distinct steps with a value remain.
+    The median of the slopes between every two samples: steady growth gives its rate, while a
+    bounded series that happens to sit high in the last few samples (the object store between a
+    kill and its replacement's first batches) does not read as growth, as it does in a
+    least-squares fit over a short run. The second half: the samples at or after the midpoint
+    between the first and the last sample's steps (warm-up growth before it does not count).
+    Samples whose value is None are left out. None when fewer than two distinct steps with a value remain.
     """
     if len(steps) != len(values):
         raise ValueError(f"steps and values differ in length: {len(steps)} steps, {len(values)} values")
@@ -151,13 +155,8 @@ def second_half_slope(steps: Sequence[float], values: Sequence[Optional[float]])
         return None
     middle = (steps[0] + steps[-1]) / 2
     points = [(s, v) for s, v in zip(steps, values) if s >= middle and v is not None]
-    if len({s for s, _ in points}) < 2:
-        return None
-    mean_s = statistics.fmean(s for s, _ in points)
-    mean_v = statistics.fmean(v for _, v in points)
-    covariance = sum((s - mean_s) * (v - mean_v) for s, v in points)
-    variance = sum((s - mean_s) ** 2 for s, _ in points)
-    return 1000.0 * covariance / variance
+    slopes = [(v2 - v1) / (s2 - s1) for (s1, v1), (s2, v2) in itertools.combinations(points, 2) if s2 != s1]
+    return 1000.0 * statistics.median(slopes) if slopes else None
 
 
 def series_rows(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -562,7 +561,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"rewinds {faults['rewinds']}; settings {results['settings']}. Read: A {read['a_samples']} samples, "
         f"B {read['b_samples']}, the feed {read['feed_prompts']} prompts (last epoch {read['feed_epoch']}).", "",
         *([f"**Stopped early**: {results['error']}", ""] if results["error"] else []),
-        f"Slope: least squares over the second half of the run (by steps), per 1,000 loop steps; flat: "
+        f"Slope: Theil-Sen (the median of the slopes between every two samples) over the second half of the run (by steps), per 1,000 loop steps; flat: "
         f"|slope| <= {FLAT_PER_1000_STEPS}.", "",
         "| series | unit | start | end | slope per 1,000 steps | flat |", "|---|---|---|---|---|---|",
     ]  # fmt: skip

@@ -39,6 +39,22 @@ def test_only_the_second_half_counts():
     assert second_half_slope(steps, warm_up_then_flat) == pytest.approx(0.0)
 
 
+def test_a_bounded_series_high_in_its_last_samples_is_not_growth():
+    """A CI run's object store objects: 4-6, then 14 and 16 in the last two samples of a short run (after
+    a kill); a least-squares fit read +27 objects per 1,000 steps."""
+    steps = [1, 29, 59, 101, 124, 157, 186, 201, 202, 225, 263, 293, 302, 314, 332, 333, 338, 364, 389, 391, 395, 401,
+             453, 501, 503, 529, 557]  # fmt: skip
+    objects = [2, 6, 8, 6, 4, 6, 6, 6, 6, 4, 6, 6, 4, 6, 6, 4, 4, 6, 4, 6, 4, 6, 4, 6, 5, 14, 16]
+    assert abs(second_half_slope(steps, objects)) < 10
+
+
+def test_a_steady_leak_under_noise_gives_its_rate():
+    noise = random.Random(1)
+    steps = list(range(0, 600, 20))
+    objects = [5 + s / 40 + noise.choice([-2, 0, 2]) for s in steps]  # one object every 40 steps
+    assert second_half_slope(steps, objects) == pytest.approx(25, abs=5)
+
+
 def test_missing_values_are_left_out_and_too_few_points_give_none():
     assert second_half_slope([0, 100, 200, 300], [None, None, 5.0, 5.5]) == pytest.approx(5.0)
     assert second_half_slope([0, 100, 200, 300], [1.0, 2.0, None, 3.0]) is None
