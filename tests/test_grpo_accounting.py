@@ -53,3 +53,20 @@ def test_the_record_round_trips_as_plain_data():
     record = _record(GOOD)
     assert TrainingRecord.from_json(record.to_json()) == record
     assert record.copy() == record and record.copy() is not record
+
+
+def test_prompts_the_schedule_skipped_are_accounted_by_their_keys():
+    from rl_data.prompt_feed.outcomes import keys_digest
+
+    trained = GOOD[:2]  # c trained, a dropped; b and d skipped by the schedule
+    skipped = {"retired": 1, "deferred": 1}
+    feed = {**_feed(0, 1, {"uniform_reward": 1}), "skipped": skipped, "skipped_digest": keys_digest(["d", "b"])}
+    [account] = epoch_accounts(_record(trained), KEYS, [feed], 1)
+    assert (account.skipped, account.missing) == (skipped, 0) and account.exactly_once
+    # the feed skipped d and another key, not b: b is unresolved, not skipped -> both count as missing
+    wrong = {**feed, "skipped_digest": keys_digest(["d", "zz"])}
+    [account] = epoch_accounts(_record(trained), KEYS, [wrong], 1)
+    assert account.missing == 2 and not account.exactly_once
+    fewer = {**feed, "skipped": {"retired": 1}, "skipped_digest": keys_digest(["d"])}  # b neither resolved nor skipped
+    [account] = epoch_accounts(_record(trained), KEYS, [fewer], 1)
+    assert account.missing == 2 and not account.exactly_once

@@ -22,16 +22,21 @@ def test_config_refuses_partial_batches_and_a_kill_before_the_first_checkpoint(t
         GRPODemoConfig(work_dir=str(tmp_path), workerz=2)
 
 
+def chaos_config(tmp_path, **options) -> GRPODemoConfig:
+    """48 prompts, 2 workers, 2 -> 1 DP ranks, a worker killed after step 2 and everything after step 7."""
+    return GRPODemoConfig(
+        work_dir=str(tmp_path / "work"), num_prompts=48, workers=2, groups_per_step=3, dp=2, resume_dp=1,
+        checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=7, failure_rate=0.1,
+        namespace=NAMESPACE, progress=False, timeout_s=TIMEOUT_S, **options,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chaos(ray_session, tmp_path):
     from rl_data.jobs.grpo.demo import run_grpo_demo
 
-    config = GRPODemoConfig(
-        work_dir=str(tmp_path / "work"), num_prompts=48, epochs=2, workers=2, groups_per_step=3, dp=2, resume_dp=1,
-        checkpoint_every=3, kill_worker_at_step=2, kill_all_at_step=7, failure_rate=0.1,
-        namespace=NAMESPACE, feed_name="grpo-test-feed", progress=False, timeout_s=TIMEOUT_S,
-    )  # fmt: skip
+    config = chaos_config(tmp_path, epochs=2, feed_name="grpo-test-feed")
     out = io.StringIO()
     summary = run_grpo_demo(config, Console(file=out, width=200))
     text = out.getvalue()
@@ -51,6 +56,40 @@ def test_the_demo_resolves_every_prompt_of_every_epoch_exactly_once_through_chao
     assert summary.final_step >= 7
     assert "PASS: 2 epochs x 48 prompts: 0 duplicated, 0 missing" in " ".join(text.split())
     assert "prompt accounting per epoch" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_demo_with_a_difficulty_filter_accounts_every_skipped_prompt_by_key_through_chaos(ray_session, tmp_path):
+    """Skipped prompts are never handed out: each epoch's unresolved keys must be exactly the skipped
+    ones (count and digest), through a worker kill and a kill-everything restore."""
+    from rl_data.jobs.grpo.demo import run_grpo_demo
+    from rl_data.prompt_feed.schedules import ScheduleConfig
+
+    schedule = ScheduleConfig(name="difficulty_filter", options={"retire_after": 1, "defer_after": 1})
+    config = chaos_config(tmp_path, epochs=3, feed_name="grpo-test-feed-scheduled", schedule=schedule)
+    out = io.StringIO()
+    summary = run_grpo_demo(config, Console(file=out, width=220))
+    text = out.getvalue()
+    assert summary.passed, text
+    first, *later = summary.accounts
+    assert first.skipped == {} and first.trained + sum(first.dropped.values()) == 48  # no history yet
+    for account in later:
+        skipped = sum(account.skipped.values())
+        assert skipped > 0 and set(account.skipped) <= {"retired", "deferred"}, account
+        assert account.trained + sum(account.dropped.values()) + skipped == 48 and account.missing == 0
+    assert summary.counters.rolled_back > 0  # the restore rolled the schedule's history back with the feed
+    wasted = [sum(a.dropped.values()) / (a.trained + sum(a.dropped.values())) for a in summary.accounts]
+    assert wasted[2] < wasted[0], wasted  # fewer zero-spread groups once solved and failed prompts sit out
+
+
+def test_the_demo_config_refuses_a_bad_schedule_early(tmp_path):
+    from rl_data.prompt_feed.schedules import ScheduleConfig
+
+    with pytest.raises(ValueError, match=r"schedule 'fancy' is not built in"):
+        GRPODemoConfig(work_dir=str(tmp_path), schedule=ScheduleConfig(name="fancy"))
+    with pytest.raises(ValueError, match=r"schedule 'difficulty_filter' runs over passes"):
+        GRPODemoConfig(work_dir=str(tmp_path), mixture={"a": 1.0, "b": 1.0}, schedule=ScheduleConfig(name="difficulty_filter"))
 
 
 @pytest.mark.timeout(300)

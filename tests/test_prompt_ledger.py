@@ -119,7 +119,7 @@ def test_oversampled_untrained_prompts_survive_a_restore():
     assert uids(resumed.take(1)) == [(1, 0)]
     assert resumed.summary()["epochs"][0] == {
         "epoch": 0, "size": 16, "taken": 16, "rehanded": 8, "released": 0, "acked": 8, "dropped": {},
-        "skipped": {}, "outstanding": 8, "waiting": 0, "resolved_exactly_once": False,
+        "skipped": {}, "skipped_digest": 0, "outstanding": 8, "waiting": 0, "resolved_exactly_once": False,
     }  # fmt: skip
 
 

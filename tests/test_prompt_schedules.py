@@ -19,7 +19,7 @@ from test_prompt_ledger import ListProducer
 from rl_data.prompt_feed.curation import MEMBER_WEIGHT
 from rl_data.prompt_feed.ledger import PromptLedger, UidStateError
 from rl_data.prompt_feed.merge import PASS_END, Item
-from rl_data.prompt_feed.outcomes import MERGE_EVERY, Outcome, PromptHistory, PromptRecord
+from rl_data.prompt_feed.outcomes import MERGE_EVERY, Outcome, PromptHistory, PromptRecord, keys_digest
 from rl_data.prompt_feed.schedules import (
     DEFERRED,
     DEPRIORITIZED,
@@ -50,6 +50,10 @@ class MemberProducer(ListProducer):
         if got is PASS_END or not self.mixture:
             return got
         return Item(got.key, {**got.payload, "source_datasets": self.name})
+
+
+#: The keys of one pass over :func:`new_ledger`'s producers.
+PASS_KEYS = {item.key for producer in (MemberProducer("a", 7), MemberProducer("b", 5)) for item in iter(producer.next_item, PASS_END)}
 
 
 def shares_of(weights: dict[str, float]) -> dict[str, float]:
@@ -159,13 +163,19 @@ def test_the_history_holds_16_bytes_per_prompt_and_round_trips():
     for i, key in enumerate(keys):
         history.observe(key, Outcome(4, correct=i % 5 if i % 5 < 5 else 4))
     history.put(keys[3], PromptRecord(retired=True))
+    for key in keys[10:13]:  # deferred, once again (counted once), one of them (pending) back
+        history.put(key, PromptRecord(skip_left=4))
+        history.put(key, PromptRecord(skip_left=3))
+    history.put(keys[-1], PromptRecord(skip_left=2))
+    history.put(keys[-1], PromptRecord(skip_left=0))
     state = history.state()
     assert len(state["keys"]) == len(state["records"]) == 8 * len(keys)
     assert history.nbytes == 16 * len(keys) and len(history) == len(keys) and history.retired == 1
+    assert history.deferred == 3
     restored = PromptHistory.from_state(copy.deepcopy(state))
     assert [restored.get(k) for k in keys[:50]] == [history.get(k) for k in keys[:50]]
     assert restored.get(keys[-1]) == history.get(keys[-1]) and restored.get("never seen") is None
-    assert restored.retired == 1 and restored.state() == state
+    assert (restored.retired, restored.deferred) == (1, 3) and restored.state() == state
     with pytest.raises(ValueError, match="8 bytes each per prompt; the checkpoint is damaged"):
         PromptHistory.from_state({"keys": state["keys"][:-8], "records": state["records"]})
     with pytest.raises(ValueError, match="unsorted or repeated key hashes"):
@@ -264,6 +274,9 @@ def test_every_epoch_is_handed_out_or_skipped_exactly_once_and_counted(schedule)
         handed = [uid for _, uid, _ in trainer.handouts if uid[0] == epoch["epoch"]]
         assert len(handed) == len(set(handed)) == epoch["taken"]
         assert epoch["taken"] + sum(epoch["skipped"].values()) == epoch["size"] == 12
+        skipped_keys = PASS_KEYS - {key for _, uid, key in trainer.handouts if uid[0] == epoch["epoch"]}
+        assert len(skipped_keys) == sum(epoch["skipped"].values())
+        assert epoch.get("skipped_digest", 0) == keys_digest(skipped_keys)
     assert sum(summary["skipped"].values()) == sum(sum(e["skipped"].values()) for e in summary["epochs"])
     assert summary["skipped"].get(MEMBER_WEIGHT, 0) > 0  # the weights set in flight thinned member a, then b
     members = summary["members"]

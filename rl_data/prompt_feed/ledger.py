@@ -65,7 +65,7 @@ from typing import Any
 from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
 from rl_data.prompt_feed.curation import Curator, add
 from rl_data.prompt_feed.curation import STATE_KEYS as CURATOR_KEYS
-from rl_data.prompt_feed.outcomes import Outcome, checked_outcomes
+from rl_data.prompt_feed.outcomes import Outcome, checked_outcomes, keys_digest
 from rl_data.prompt_feed.schedules import ScheduleConfig
 from rl_data.stateful import envelope, open_envelope
 
@@ -124,15 +124,20 @@ class EpochCounts:
     acked: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # by the schedule or a member weight, per reason
+    skipped_digest: int = 0  # keys_digest of the skipped prompts' keys
 
     def resolved(self) -> int:
         return self.acked + sum(self.dropped.values()) + sum(self.skipped.values())
+
+    def skip(self, reason: str, key: str) -> None:
+        add(self.skipped, reason)
+        self.skipped_digest = keys_digest([key], self.skipped_digest)
 
     def to_json(self, epoch: int) -> dict[str, Any]:
         entry = {"epoch": epoch, "size": self.size, "taken": self.taken, "rehanded": self.rehanded,
                  "released": self.released, "acked": self.acked, "dropped": dict(self.dropped)}  # fmt: skip
         if self.skipped:
-            entry["skipped"] = dict(self.skipped)
+            entry.update(skipped=dict(self.skipped), skipped_digest=self.skipped_digest)
         return entry
 
 
@@ -252,7 +257,8 @@ class PromptLedger:
 
         ``waiting``: taken, unresolved and not outstanding (released, or back after a restore).
         An epoch's ``size`` (and ``resolved_exactly_once``) is None until its stream ended,
-        which the ledger sees when the first prompt of the next epoch is taken.
+        which the ledger sees when the first prompt of the next epoch is taken. ``skipped_digest``:
+        :func:`~rl_data.prompt_feed.outcomes.keys_digest` of the epoch's skipped prompts.
         """
         outstanding: dict[int, int] = {}
         for uid, state in self._state.items():
@@ -266,7 +272,7 @@ class PromptLedger:
             epochs.append({
                 "epoch": epoch, "size": counts.size, "taken": counts.taken, "rehanded": counts.rehanded,
                 "released": counts.released, "acked": counts.acked, "dropped": dict(counts.dropped),
-                "skipped": dict(counts.skipped), "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
+                "skipped": dict(counts.skipped), "skipped_digest": counts.skipped_digest, "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
                 "resolved_exactly_once": None if counts.size is None else counts.resolved() == counts.size,
             })  # fmt: skip
         skipped = dict(sum((Counter(c.skipped) for c in self._epochs.values()), Counter()))
@@ -337,7 +343,7 @@ class PromptLedger:
                     raise
                 if reason is not None:
                     self._state[uid] = SKIPPED
-                    add(self._counts(uid.epoch).skipped, reason)
+                    self._counts(uid.epoch).skip(reason, item.key)
                     self.curator.skipped(item, reason)
                     skipped_in_a_row += 1
                     if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -140,6 +140,14 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
+def keys_digest(keys: Iterable[str], start: int = 0) -> int:
+    """``start`` plus the :func:`key_hash` of every key, modulo 2**64: the same for the same keys in
+    any order (a repeated key counts twice). A prompt feed reports the digest of each epoch's
+    skipped prompts (``status()["epochs"][i]["skipped_digest"]``): compare it with the digest of the
+    prompts of the pass that a trainer never resolved to check that those were exactly the skipped ones."""
+    return (start + sum(key_hash(key) for key in keys)) % 2**64
+
+
 def _packed(record: PromptRecord) -> tuple[int, ...]:
     flags = int(record.retired) | int(record.deferred) << 1
     return (record.tries, record.streak, record.skip_left, flags, round(record.pass_rate * 65535), record.generated)
@@ -160,6 +168,7 @@ class PromptHistory:
         self._records = np.empty(0, dtype=RECORD)
         self._pending: dict[int, tuple[int, ...]] = {}
         self.retired = 0
+        self.deferred = 0  # records with appearances still to skip
 
     def __len__(self) -> int:
         return len(self._keys) + len(self._pending)
@@ -181,6 +190,7 @@ class PromptHistory:
         """Store ``record`` as the history of ``key``."""
         old = self.get(key)
         self.retired += int(record.retired) - int(old is not None and old.retired)
+        self.deferred += int(record.skip_left > 0) - int(old is not None and old.skip_left > 0)
         hashed = key_hash(key)
         index = None if hashed in self._pending else self._index(hashed)
         if index is not None:
@@ -219,6 +229,7 @@ class PromptHistory:
         if len(history._keys) > 1 and not bool(np.all(history._keys[1:] > history._keys[:-1])):
             raise ValueError("prompt history state holds unsorted or repeated key hashes; the checkpoint is damaged")
         history.retired = int(np.count_nonzero(history._records["flags"] & 1))
+        history.deferred = int(np.count_nonzero(history._records["skip_left"]))
         return history
 
     def _index(self, hashed: int) -> Optional[int]:

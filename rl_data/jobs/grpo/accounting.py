@@ -7,7 +7,9 @@ are not duplicates). :func:`epoch_accounts` checks it three ways, per finished e
 
 1. against the **data**: the prompt keys of one pass over the dataset (every prompt once);
 2. against itself: no uid and no prompt key resolved twice in an epoch (**duplicates**), no
-   prompt of the pass left unresolved (**missing**);
+   prompt of the pass left unresolved (**missing**) but those the feed's schedule skipped: the
+   unresolved keys must be exactly the skipped ones (their count and ``keys_digest`` equal the
+   feed's ``skipped`` and ``skipped_digest``), else every unresolved prompt counts as missing;
 3. against the **feed**: its per-epoch ``acked``/``dropped`` counts equal the record's.
 
 A mixture source has no passes: it is one endless epoch 0, checked by :func:`stream_account`
@@ -20,6 +22,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from rl_data.prompt_feed.outcomes import keys_digest
 
 TRAINED = "trained"
 
@@ -62,6 +66,7 @@ class EpochAccount:
     expected: int
     trained: int
     dropped: dict[str, int]
+    skipped: dict[str, int]  # by the feed's schedule, per reason
     duplicates: int
     missing: int
     unexpected: int
@@ -89,13 +94,16 @@ def epoch_accounts(
         trained = outcomes.pop(TRAINED, 0)
         duplicates = sum(n - 1 for n in uids.values()) + sum(n - 1 for n in keys.values())
         seen = feed.get(epoch, {})
+        unresolved, skipped = expected - set(keys), seen.get("skipped", {})
+        skipped_exactly = len(unresolved) == sum(skipped.values()) and keys_digest(unresolved) == seen.get("skipped_digest", 0)
         accounts.append(EpochAccount(
             epoch=epoch,
             expected=len(expected),
             trained=trained,
             dropped=dict(sorted(outcomes.items())),
+            skipped=dict(sorted(skipped.items())),
             duplicates=duplicates,
-            missing=len(expected - set(keys)),
+            missing=0 if skipped_exactly else len(unresolved),
             unexpected=len(set(keys) - expected),
             feed_agrees=(
                 seen.get("acked") == trained and seen.get("dropped", {}) == dict(outcomes)
@@ -122,6 +130,7 @@ def stream_account(
         expected=len(expected_keys),
         trained=trained,
         dropped=dict(sorted(outcomes.items())),
+        skipped={},
         duplicates=sum(n - 1 for n in positions.values()),
         missing=sum(1 for p in wanted if p not in positions),
         unexpected=sum(1 for r in mine if r.uid[1] < len(expected_keys) and r.key != expected_keys[r.uid[1]]),

@@ -61,7 +61,7 @@ class RolloutWorker:
                 failed.append(tuple(prompt.uid))
                 continue
             truth = str(prompt.payload["extra_env_info"]["ground_truth"])
-            responses = self.policy.responses(prompt.key, truth)
+            responses = self.policy.responses(prompt.key, truth, attempt=prompt.uid[0])  # sampled afresh every epoch
             groups.append({
                 "uid": tuple(prompt.uid), "key": prompt.key, "ground_truth": truth,
                 "prompt_ids": prompt_token_ids(prompt.payload), "responses": responses,
@@ -107,7 +107,7 @@ class PolicyTrainer:
         loss = torch.stack(losses).mean()
         loss.backward()
         grads = [p.grad.detach().clone() for p in self._parameters()]
-        return {"grads": grads, "responses": len(losses), "loss": float(loss), "reward_sum": float(sum(rewards)), "tokens": tokens}
+        return {"grads": grads, "responses": len(losses), "loss": float(loss.detach()), "reward_sum": float(sum(rewards)), "tokens": tokens}
 
     def apply(self, grads: list[Any]) -> None:
         """One optimizer step with ``grads`` (the all-reduced mean over the DP ranks)."""

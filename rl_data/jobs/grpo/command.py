@@ -29,6 +29,8 @@ def grpo_demo(
     epochs: Annotated[int, typer.Option(min=1, help="run until this many epochs are resolved")] = 3,
     mixture: Annotated[Optional[str], typer.Option(help="deal the prompts to a weighted mixture NAME=WEIGHT,...: one endless epoch, the first --prompts prompts are resolved")] = None,
     prompts: Annotated[Optional[int], typer.Option(min=1, help="with --mixture: prompts to resolve (default --num-prompts x --epochs)")] = None,
+    schedule: Annotated[str, typer.Option(help="the feed's schedule: uniform, difficulty_filter, prioritized or package.module:Class")] = "uniform",
+    schedule_options: Annotated[Optional[str], typer.Option(help='the schedule\'s options as JSON, e.g. \'{"retire_after": 1}\'')] = None,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="steps between checkpoints")] = 3,
     kill_worker_at_step: Annotated[int, typer.Option(min=0, help="kill a rollout worker after this step (0: never)")] = 4,
     kill_all_at_step: Annotated[int, typer.Option(min=0, help="kill every actor after this step and restore (0: never)")] = 11,
@@ -40,18 +42,23 @@ def grpo_demo(
     progress: Annotated[bool, typer.Option(help="a line per step")] = True,
 ) -> None:
     """Async GRPO on the prompt feed with chaos; ends with the accounting table and PASS/FAIL."""
+    import json
+
     from pydantic import ValidationError
 
     from rl_data.jobs.grpo.config import GRPODemoConfig
     from rl_data.jobs.grpo.demo import run_grpo_demo
     from rl_data.preprocess.mixture import parse_mixture
+    from rl_data.prompt_feed.schedules import ScheduleConfig
 
     try:
+        options = json.loads(schedule_options) if schedule_options else {}
         config = GRPODemoConfig(
             data=data, work_dir=str(work_dir), num_prompts=num_prompts, ranks=ranks, dp=dp, resume_dp=resume_dp or None, batch_size=batch_size,
             seq_len=seq_len, system_prompt=system_prompt or None, workers=workers, group_size=group_size,
             prompts_per_call=prompts_per_call, groups_per_step=groups_per_step, max_outstanding=max_outstanding,
-            epochs=epochs, mixture=parse_mixture(mixture) if mixture else None, prompts=prompts, checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,
+            epochs=epochs, mixture=parse_mixture(mixture) if mixture else None, prompts=prompts,
+            schedule=ScheduleConfig(name=schedule, options=options), checkpoint_every=checkpoint_every, kill_worker_at_step=kill_worker_at_step or None,
             kill_all_at_step=kill_all_at_step or None, failure_rate=failure_rate, latency_s=latency_s, seed=seed,
             namespace=namespace, feed_name=feed_name, progress=progress,
         )  # fmt: skip

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rl_data.distributed.config import DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
 from rl_data.prompt_feed.feed import FeedConfig
+from rl_data.prompt_feed.schedules import ScheduleConfig
 
 #: CPU share of one rank actor (and its bundle), of one rollout worker and of the trainer.
 RANK_CPUS, WORKER_CPUS, TRAINER_CPUS = 0.5, 0.25, 0.25
@@ -40,6 +41,9 @@ class GRPODemoConfig(BaseModel):
         None, description="deal the generated prompts to weighted mixture members (name -> weight); a mixture has "
         "no passes: the feed is one endless epoch and the run resolves the first --prompts prompts")
     prompts: Optional[int] = Field(None, ge=1, description="with a mixture: prompts to resolve (default num_prompts x epochs)")
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig, description="the feed's prompt schedule, from the groups' outcomes (passes only)"
+    )
     checkpoint_every: int = Field(3, ge=1, description="steps between checkpoints")
     kill_worker_at_step: Optional[int] = Field(4, ge=1, description="kill a rollout worker mid-call after this step (None: never)")
     kill_all_at_step: Optional[int] = Field(11, ge=1, description="kill every actor after this step, restore the last checkpoint (None: never)")
@@ -65,6 +69,12 @@ class GRPODemoConfig(BaseModel):
             raise ValueError(
                 f"num_prompts {self.num_prompts} is not a multiple of ranks x batch_size = {share}; each "
                 f"epoch would drop the last partial batch of a rank; use {self.num_prompts // share * share or share}"
+            )
+        self.schedule.build()  # an unknown schedule or bad options: refused here, not when the feed starts
+        if self.mixture is not None and self.schedule != ScheduleConfig():
+            raise ValueError(
+                f"schedule {self.schedule.name!r} runs over passes: the demo's accounting of a mixture's endless "
+                "epoch checks its first positions, which a schedule skips; drop --mixture or --schedule"
             )
         if self.kill_all_at_step is not None and self.kill_all_at_step <= self.checkpoint_every:
             raise ValueError(
@@ -124,4 +134,4 @@ class GRPODemoConfig(BaseModel):
         )
 
     def feed_config(self) -> FeedConfig:
-        return FeedConfig(max_outstanding=self.max_outstanding, take_wait_s=1.0)
+        return FeedConfig(max_outstanding=self.max_outstanding, take_wait_s=1.0, schedule=self.schedule)

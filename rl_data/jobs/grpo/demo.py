@@ -38,9 +38,18 @@ from rich.table import Table
 from rl_data.jobs.grpo.accounting import TRAINED, EpochAccount, TrainingRecord, epoch_accounts, stream_account
 from rl_data.jobs.grpo.config import TRAINER_CPUS, WORKER_CPUS, GRPODemoConfig
 from rl_data.jobs.grpo.policy import StandInPolicy
+from rl_data.prompt_feed.outcomes import Outcome
+from rl_data.prompt_feed.schedules import ScheduleConfig
 
 UNIFORM_REWARD = "uniform_reward"
 LATEST = "latest"
+#: Seconds between the loop's questions to the feed, with a schedule, whether the epochs are resolved.
+FEED_POLL_S = 0.5
+
+
+def group_outcome(group: dict[str, Any]) -> Outcome:
+    """The outcome the feed's schedule learns from: the group's rollouts, right at reward 1."""
+    return Outcome.from_rewards(group["rewards"], correct_at=1.0)
 
 
 @dataclass
@@ -237,11 +246,23 @@ class _Loop:
         self.step = 0
         self.resolved = Counter(r.uid[0] for r in record.resolutions)
         self.resolved_first = sum(1 for r in record.resolutions if r.uid[0] == 0 and r.uid[1] < expected)
+        self.scheduled, self._polled_at = config.schedule != ScheduleConfig(), 0.0
 
     def done(self) -> bool:
         if self.config.mixture:  # one endless epoch: its first N positions
             return self.resolved_first >= self.expected
-        return all(self.resolved[e] >= self.expected for e in range(self.config.epochs))
+        if all(self.resolved[e] >= self.expected for e in range(self.config.epochs)):
+            return True
+        return self.scheduled and self._feed_resolved_the_epochs()
+
+    def _feed_resolved_the_epochs(self) -> bool:
+        """With a schedule, some prompts of an epoch are skipped, never handed out: the feed says
+        (asked at most every :data:`FEED_POLL_S`) when every prompt of the epochs is resolved."""
+        if time.monotonic() - self._polled_at < FEED_POLL_S:
+            return False
+        self._polled_at = time.monotonic()
+        epochs = {e["epoch"]: e for e in self.feed_status()["epochs"]}
+        return all(epochs.get(e, {}).get("resolved_exactly_once") for e in range(self.config.epochs))
 
     def run(self, step: int) -> str:
         """Until the epochs are resolved ("done") or the kill-everything step ("kill_all")."""
@@ -307,7 +328,7 @@ class _Loop:
             self.counters.regenerated += uid in self.counters.generated_uids
             self.counters.generated_uids.add(uid)
             if len(set(group["rewards"])) == 1:
-                self.actors.client.drop([uid], UNIFORM_REWARD)
+                self.actors.client.drop([uid], UNIFORM_REWARD, outcomes=[group_outcome(group)])
                 self._resolve(group, UNIFORM_REWARD)
             else:
                 self.buffer.append(group)
@@ -316,7 +337,7 @@ class _Loop:
     def _train_step(self) -> None:
         groups, self.buffer = self.buffer[: self.config.groups_per_step], self.buffer[self.config.groups_per_step :]
         metrics = train_data_parallel(self.actors.trainers, groups, self.config.timeout_s)
-        self.actors.client.ack([g["uid"] for g in groups])
+        self.actors.client.ack([g["uid"] for g in groups], outcomes=[group_outcome(g) for g in groups])
         self.step += 1
         self.counters.steps += 1
         for group in groups:
@@ -493,11 +514,12 @@ def _restore(actors: _Actors, config: GRPODemoConfig) -> None:
 def print_summary(summary: GRPOSummary, console: Console) -> None:
     """The accounting table and PASS/FAIL."""
     table = Table(title="prompt accounting per epoch (the trainer's record, the data, the feed)")
-    for column in ("epoch", "prompts", "trained", "dropped", "duplicates", "missing", "feed agrees", "exactly once"):
+    for column in ("epoch", "prompts", "trained", "dropped", "skipped", "duplicates", "missing", "feed agrees", "exactly once"):
         table.add_column(column, justify="right")
     for a in summary.accounts:
         dropped = ", ".join(f"{reason} {n}" for reason, n in a.dropped.items()) or "0"
-        table.add_row(str(a.epoch), str(a.expected), str(a.trained), dropped, str(a.duplicates), str(a.missing),
+        skipped = ", ".join(f"{reason} {n}" for reason, n in a.skipped.items()) or "0"
+        table.add_row(str(a.epoch), str(a.expected), str(a.trained), dropped, skipped, str(a.duplicates), str(a.missing),
                       "yes" if a.feed_agrees else "NO", "yes" if a.exactly_once else "NO")
     console.print(table)
     c = summary.counters
