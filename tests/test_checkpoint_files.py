@@ -12,6 +12,7 @@ from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
     content_digest,
     load_checkpoint_file,
+    pickled_size,
     save_checkpoint_file,
 )
 
@@ -201,3 +202,10 @@ def test_content_holding_a_value_no_checkpoint_holds_is_refused(tmp_path):
         f"checkpoint file {path} is damaged: checkpoint key 3 at content.ranks[0] is not a str; "
         "restore from another checkpoint"
     )
+
+
+def test_pickled_size_counts_the_bytes_pickle_writes():
+    import pickle
+
+    content = {"step": 3, "history": b"\x01" * 100_000, "ranks": [{"epoch": 1, "ids": list(range(50))}]}
+    assert pickled_size(content) == len(pickle.dumps(content, protocol=pickle.HIGHEST_PROTOCOL)) > 100_000

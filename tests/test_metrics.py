@@ -25,6 +25,7 @@ from distributed_fixtures import (
 )
 from rl_data.batched_data_dict import BatchedDataDict
 from rl_data.batch_stats import BatchStats, batch_stats
+from rl_data.distributed.checkpoint_files import pickled_size
 from rl_data.distributed.placement import config_layout, placement_fingerprint
 from rl_data.tasks.synthetic import synthetic_loader_spec
 
@@ -198,5 +199,9 @@ def test_checkpoint_loads_and_rank_recoveries_are_counted(ray_session, metrics_p
             _key("ray_rl_data_rank_samples_total", coordinator=name, rank=1): 2 * SYNTHETIC_SPEC.batch_size,
             _key("ray_rl_data_rank_non_pad_tokens_total", coordinator=name, rank=1): tokens,
             _key("ray_rl_data_rank_packing_efficiency", coordinator=name, rank=1): None,  # not packed: never set
+            _key("ray_rl_data_coordinator_checkpoint_seconds_count", coordinator=name): 1,  # save_checkpoint
         }
         assert _wait_for_metrics(metrics_port, expected) == expected
+        size = _value(_scrape(metrics_port), _key("ray_rl_data_coordinator_checkpoint_bytes", coordinator=name))
+        origin = pickled_size(ray.get(coordinator.origin_state_dict.remote(), timeout=TIMEOUT_S))  # what was saved
+        assert size is not None and 0.9 * origin <= size <= 1.1 * origin, (size, origin)

@@ -121,6 +121,15 @@ def test_a_difficulty_filtered_feed_rewound_with_a_rank_killed_repeats_its_hand_
         labels = {"feed": cfg.name, "reason": "retired", "member": ""}
         assert wait_for_at_least(metrics_port, "ray_rl_data_feed_skipped_total", labels, final["skipped"]["retired"])
         assert wait_for_at_least(metrics_port, "ray_rl_data_feed_outcomes_total", {"feed": cfg.name}, len(reference))
+        history = rollout.status()["history"]
+        assert history["retired"] > 0 and history["deferred"] >= 0
+        for series, value in (
+            ("ray_rl_data_feed_retired_prompts", history["retired"]),
+            ("ray_rl_data_feed_checkpoint_seconds_count", 3),  # trainer.state_dict() at steps 9, 20 and the end
+            ("ray_rl_data_feed_checkpoint_bytes", 16 * 24),  # the history of 24 prompts, and more
+        ):
+            assert wait_for_at_least(metrics_port, series, {"feed": cfg.name}, value), series
+        assert _scrape(metrics_port, "ray_rl_data_feed_deferred_prompts", feed=cfg.name) == history["deferred"]
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)
 
@@ -315,6 +324,7 @@ def test_a_schedule_sets_member_weights_from_the_members_pass_rates_and_a_rewind
             ("ray_rl_data_feed_member_pass_rate", {"member": "easy"}, 1.0),
             ("ray_rl_data_feed_outcomes_total", {"member": "hard"}, status["members"]["hard"]["outcomes"]),
             ("ray_rl_data_feed_skipped_total", {"member": "easy", "reason": "member_weight"}, 1),
+            ("ray_rl_data_feed_member_taken_total", {"member": "hard"}, 2 * status["members"]["hard"]["taken"]),  # 2 runs
         ):
             assert wait_for_at_least(metrics_port, series, {"feed": cfg.name, **labels}, value), series
     finally:

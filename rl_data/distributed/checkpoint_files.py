@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pickle
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,25 @@ class CheckpointFileError(ValueError):
 def checkpoint_path(directory: str | os.PathLike) -> Path:
     """The checkpoint file inside a checkpoint directory."""
     return Path(directory) / CHECKPOINT_FILENAME
+
+
+class _ByteCounter:
+    """A write-only file that counts the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        written = memoryview(data).nbytes
+        self.size += written
+        return written
+
+
+def pickled_size(content: Any) -> int:
+    """The bytes of ``content`` pickled (about what a checkpoint of it weighs), without keeping them."""
+    counter = _ByteCounter()
+    pickle.Pickler(counter, protocol=pickle.HIGHEST_PROTOCOL).dump(content)
+    return counter.size
 
 
 def content_digest(content: Any) -> str:

@@ -77,6 +77,7 @@ from rl_data.config_blocks import ConfigError
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
     load_checkpoint_file,
+    pickled_size,
     save_checkpoint_file,
 )
 from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig, start_problems
@@ -236,7 +237,10 @@ class DataCoordinator:
         """
         await self._ensure_ready()
         self._pool.refuse_if_restore_failed("state_dict")
-        return self._checkpoint(*await self._completed_states(*self._book.states_at(step)))
+        started = time.monotonic()
+        state = self._checkpoint(*await self._completed_states(*self._book.states_at(step)))
+        self._metrics.record_checkpoint(time.monotonic() - started, pickled_size(state))
+        return state
 
     async def origin_state_dict(self) -> dict[str, Any]:
         """The checkpoint this coordinator started from: the initial position, or the checkpoint

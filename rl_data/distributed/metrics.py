@@ -62,6 +62,7 @@ RANK_TAGS = ("coordinator", "rank")
 COORDINATOR_TAGS = ("coordinator",)
 RESTORE_TAGS = ("coordinator", "kind")
 STEP_LATENCY_BOUNDARIES_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CHECKPOINT_SECONDS_BOUNDARIES_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 RANK_BATCHES = MetricDefinition(
     "rl_data_rank_batches", "counter", "Batches handed out by the rank's next_batch", RANK_TAGS
@@ -127,6 +128,19 @@ COORDINATOR_COMMITTED_STEP = MetricDefinition(
     "The last committed step (after a commit or a restore)",
     COORDINATOR_TAGS,
 )
+COORDINATOR_CHECKPOINT_SECONDS = MetricDefinition(
+    "rl_data_coordinator_checkpoint_seconds",
+    "histogram",
+    "Wall time of taking a checkpoint (state_dict or save_checkpoint: every rank's state gathered), in seconds",
+    COORDINATOR_TAGS,
+    CHECKPOINT_SECONDS_BOUNDARIES_S,
+)
+COORDINATOR_CHECKPOINT_BYTES = MetricDefinition(
+    "rl_data_coordinator_checkpoint_bytes",
+    "gauge",
+    "Size of the last checkpoint taken, pickled, in bytes",
+    COORDINATOR_TAGS,
+)
 
 #: Every metric of the rank actors and the coordinator, in the order the reference lists them.
 METRICS: tuple[MetricDefinition, ...] = (
@@ -143,6 +157,8 @@ METRICS: tuple[MetricDefinition, ...] = (
     COORDINATOR_STEP_LATENCY,
     COORDINATOR_RESTORES,
     COORDINATOR_COMMITTED_STEP,
+    COORDINATOR_CHECKPOINT_SECONDS,
+    COORDINATOR_CHECKPOINT_BYTES,
 )
 
 
@@ -202,6 +218,12 @@ class CoordinatorMetrics:
     def record_committed(self, step: int) -> None:
         """``step`` is now the committed step (after a commit or a restore)."""
         _created()[COORDINATOR_COMMITTED_STEP.name].set(step, self._tags)
+
+    def record_checkpoint(self, seconds: float, size_bytes: int) -> None:
+        """A checkpoint of ``size_bytes`` (pickled) was taken in ``seconds``."""
+        metrics = _created()
+        metrics[COORDINATOR_CHECKPOINT_SECONDS.name].observe(seconds, self._tags)
+        metrics[COORDINATOR_CHECKPOINT_BYTES.name].set(size_bytes, self._tags)
 
     def record_restore(self, kind: RestoreKind) -> None:
         """A checkpoint was loaded (into fresh ranks, or as a rewind) or a dead rank was replaced and restored."""

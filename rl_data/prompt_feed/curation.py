@@ -118,6 +118,7 @@ class Curator:
 
     def handed_out(self, item: Item) -> None:
         name = member_name(item)
+        self.events["taken", name or ""] += 1
         if name is not None:
             self._member(name).taken += 1
 
@@ -141,7 +142,10 @@ class Curator:
     def summary(self) -> dict[str, Any]:
         return {
             "schedule": self.schedule.describe(),
-            "history": {"prompts": len(self.history), "bytes": self.history.nbytes, "retired": self.history.retired},
+            "history": {
+                "prompts": len(self.history), "bytes": self.history.nbytes,
+                "retired": self.history.retired, "deferred": self.history.deferred,
+            },
             "members": {name: c.summary() for name, c in sorted(self.members.items())},
             "member_weights": [[*uid, dict(shares)] for uid, shares in self.weights],
         }

@@ -76,6 +76,7 @@ from rl_data.config_blocks import ConfigError
 from rl_data.distributed.checkpoint_files import (
     checkpoint_path,
     load_checkpoint_file,
+    pickled_size,
     save_checkpoint_file,
 )
 from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig, start_problems
@@ -215,6 +216,11 @@ def check_prompt_spec(spec: LoaderSpec) -> None:
 def feed_runtime_config(config: RuntimeConfig) -> RuntimeConfig:
     """``config`` as a feed runs it: a name left at the coordinator's default becomes :data:`DEFAULT_FEED_NAME`."""
     return config.model_copy(update={"name": DEFAULT_FEED_NAME}) if config.name == DEFAULT_NAME else config
+
+
+def oldest_age(handed_at: dict[Uid, float]) -> float:
+    """Seconds since the oldest outstanding hand-out in ``handed_at`` (oldest first), 0 with none."""
+    return round(time.monotonic() - next(iter(handed_at.values())), 3) if handed_at else 0.0
 
 
 class PromptFeed:
@@ -357,7 +363,7 @@ class PromptFeed:
             "busy": busy,
             "pid": os.getpid(),
             "max_outstanding": self._feed_config.max_outstanding,
-            "oldest_outstanding_age_s": self._oldest_age(),
+            "oldest_outstanding_age_s": oldest_age(self._handed_at),
             "outstanding_by_holder": dict(Counter(self._holder_of.values())),
             "totals": dict(self._totals),
         }
@@ -367,11 +373,13 @@ class PromptFeed:
         await self._ensure_ready()
         async with self._changed:
             self._pool.refuse_if_restore_failed("state_dict")
-            placement = self._pool.placement
-            return envelope(self.STATE_FORMAT, self.STATE_VERSION, {
+            started, placement = time.monotonic(), self._pool.placement
+            state = envelope(self.STATE_FORMAT, self.STATE_VERSION, {
                 "placement": {"fingerprint": placement.fingerprint, "layout": placement.layout},
                 "ledger": self._ledger.state_dict(),
             })
+            self._metrics.record_checkpoint(time.monotonic() - started, pickled_size(state))
+            return state
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint, all or nothing, into a fresh feed or a live one (a rewind, see the module doc).
@@ -408,8 +416,7 @@ class PromptFeed:
     async def save_checkpoint(self, directory: str) -> str:
         """Write :meth:`state_dict` atomically to ``directory`` (on this actor's node); return the file."""
         state = await self.state_dict()
-        path = checkpoint_path(directory)
-        return str(await asyncio.get_running_loop().run_in_executor(None, save_checkpoint_file, path, state))
+        return str(await asyncio.get_running_loop().run_in_executor(None, save_checkpoint_file, checkpoint_path(directory), state))
 
     async def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save_checkpoint` (into a fresh or a live feed, as
@@ -459,18 +466,14 @@ class PromptFeed:
         """Run a ledger call on the feed's one worker thread; the caller holds the lock."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
-    def _oldest_age(self) -> float:
-        if not self._handed_at:
-            return 0.0
-        return round(time.monotonic() - next(iter(self._handed_at.values())), 3)
-
     def _record_levels(self) -> None:
         """Set the gauges and count the ledger's events; call with the lock held (or when nothing runs on the worker thread)."""
         ledger = self._ledger
         self._metrics.record_curation(ledger.curator.pop_events(), ledger.curator.member_pass_rates)
+        history = ledger.curator.history
         self._metrics.record_levels(
-            outstanding=ledger.outstanding, oldest_age_s=self._oldest_age(),
-            low_water_mark=tuple(ledger.low_water_mark), epoch=ledger.epoch,
+            outstanding=ledger.outstanding, oldest_age_s=oldest_age(self._handed_at), low_water_mark=tuple(ledger.low_water_mark),
+            epoch=ledger.epoch, retired=history.retired, deferred=history.deferred,
         )  # fmt: skip
 
     async def _update_gauges(self) -> None:

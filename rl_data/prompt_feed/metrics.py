@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_data.distributed.metrics import TAGS as RUNTIME_TAGS
-from rl_data.distributed.metrics import MetricDefinition, RestoreKind, create_all
+from rl_data.distributed.metrics import CHECKPOINT_SECONDS_BOUNDARIES_S, MetricDefinition, RestoreKind, create_all
 
 #: What each tag of the feed's metrics holds.
 TAGS: dict[str, str] = {
@@ -91,6 +91,34 @@ PASS_RATE = MetricDefinition(
     "Mean pass rate of the outcomes received so far, by mixture member",
     MEMBER_TAGS,
 )
+MEMBER_TAKEN = MetricDefinition(
+    "rl_data_feed_member_taken",
+    "counter",
+    "Prompts handed out for the first time in their epoch, by mixture member",
+    MEMBER_TAGS,
+)
+RETIRED = MetricDefinition(
+    "rl_data_feed_retired_prompts", "gauge", "Prompts the schedule retired (never handed out again)", FEED_TAGS
+)
+DEFERRED = MetricDefinition(
+    "rl_data_feed_deferred_prompts",
+    "gauge",
+    "Prompts the schedule defers (skipped for their next appearances)",
+    FEED_TAGS,
+)
+CHECKPOINT_SECONDS = MetricDefinition(
+    "rl_data_feed_checkpoint_seconds",
+    "histogram",
+    "Wall time of taking a checkpoint (state_dict or save_checkpoint), in seconds",
+    FEED_TAGS,
+    CHECKPOINT_SECONDS_BOUNDARIES_S,
+)
+CHECKPOINT_BYTES = MetricDefinition(
+    "rl_data_feed_checkpoint_bytes",
+    "gauge",
+    "Size of the last checkpoint taken, pickled, in bytes",
+    FEED_TAGS,
+)
 
 #: Every metric of a prompt feed, in the order the reference lists them.
 METRICS: tuple[MetricDefinition, ...] = (
@@ -109,6 +137,11 @@ METRICS: tuple[MetricDefinition, ...] = (
     ZERO_SPREAD,
     GENERATED,
     PASS_RATE,
+    MEMBER_TAKEN,
+    RETIRED,
+    DEFERRED,
+    CHECKPOINT_SECONDS,
+    CHECKPOINT_BYTES,
 )
 
 
@@ -142,9 +175,10 @@ class FeedMetrics:
 
     def record_curation(self, events: dict[tuple[str, ...], int], pass_rates: Callable[[], dict[str, float]]) -> None:
         """The curator's ``events`` since the last call (``("skipped", reason, member)`` and
-        ``("outcomes" | "zero_spread" | "generated", member)``) and, when outcomes came, the members'
+        ``("taken" | "outcomes" | "zero_spread" | "generated", member)``) and, when outcomes came, the members'
         mean pass rates (``pass_rates()``)."""
-        metrics, counters = _created(), {"outcomes": OUTCOMES, "zero_spread": ZERO_SPREAD, "generated": GENERATED}
+        metrics = _created()
+        counters = {"taken": MEMBER_TAKEN, "outcomes": OUTCOMES, "zero_spread": ZERO_SPREAD, "generated": GENERATED}
         for (kind, *labels), count in events.items():
             if not count:
                 continue
@@ -159,11 +193,19 @@ class FeedMetrics:
     def record_restore(self, kind: RestoreKind) -> None:
         _created()[RESTORES.name].inc(1, {**self._tags, "kind": kind})
 
+    def record_checkpoint(self, seconds: float, size_bytes: int) -> None:
+        """A checkpoint of ``size_bytes`` (pickled) was taken in ``seconds``."""
+        metrics = _created()
+        metrics[CHECKPOINT_SECONDS.name].observe(seconds, self._tags)
+        metrics[CHECKPOINT_BYTES.name].set(size_bytes, self._tags)
+
     def record_levels(
-        self, *, outstanding: int, oldest_age_s: float, low_water_mark: tuple[int, int], epoch: int
+        self, *, outstanding: int, oldest_age_s: float, low_water_mark: tuple[int, int], epoch: int, retired: int, deferred: int
     ) -> None:
         """The gauges (after every call, and every second for the age)."""
         metrics = _created()
+        metrics[RETIRED.name].set(retired, self._tags)
+        metrics[DEFERRED.name].set(deferred, self._tags)
         metrics[OUTSTANDING.name].set(outstanding, self._tags)
         metrics[OLDEST_OUTSTANDING_AGE.name].set(oldest_age_s, self._tags)
         metrics[LOW_WATER_MARK_EPOCH.name].set(low_water_mark[0], self._tags)
