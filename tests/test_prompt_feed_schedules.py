@@ -16,8 +16,9 @@ import uuid
 from typing import Any
 
 import pytest
-from distributed_fixtures import TIMEOUT_S, runtime_config, shut_down
-from test_prompt_feed import _scrape, mixture_members  # noqa: F401 - the fixture
+from distributed_fixtures import ENERGON_WORKERS_0_SLOW, TIMEOUT_S, runtime_config, shut_down
+from restore_check import assert_rewinds_at_every_step
+from test_prompt_feed import _scrape, _spec, mixture_members, prompt_root  # noqa: F401 - the fixtures
 
 from rl_data.config_blocks import ConfigError
 from rl_data.distributed.client import wait_until_name_is_free
@@ -327,5 +328,33 @@ def test_a_schedule_sets_member_weights_from_the_members_pass_rates_and_a_rewind
             ("ray_rl_data_feed_member_taken_total", {"member": "hard"}, 2 * status["members"]["hard"]["taken"]),  # 2 runs
         ):
             assert wait_for_at_least(metrics_port, series, {"feed": cfg.name, **labels}, value), series
+    finally:
+        shut_down(ray_session, handle, cfg.name, cfg.namespace)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", ENERGON_WORKERS_0_SLOW)
+def test_a_difficulty_filter_over_energon_ranks_rewound_after_every_step_repeats_its_hand_outs(ray_session, prompt_root, workers):
+    """The step oracle with a schedule, over real ``rl_prompt`` Energon ranks with 0 and 2 workers: a
+    step takes 5 prompts and acks them with their outcomes; the live feed is rewound to the checkpoint
+    after every step (across epoch ends, with prompts skipped) and must hand out the same rest."""
+    cfg = config()
+    handle = start_prompt_feed(cfg, _spec(prompt_root, workers), FeedConfig(max_outstanding=20, schedule=FILTER))
+    try:
+        rollout, trainer = attach_feed(cfg.name, cfg.namespace, timeout_s=TIMEOUT_S)
+
+        def take() -> list[tuple[tuple[int, int], str]]:
+            prompts = rollout.take(5)
+            trainer.ack([p.uid for p in prompts], outcomes=[outcome(p.key, p.uid[0]) for p in prompts])
+            return [(tuple(p.uid), p.key) for p in prompts]
+
+        found = assert_rewinds_at_every_step(take, trainer.state_dict, trainer.load_state_dict, 14,
+                                             before_rewind=lambda: rollout.take(3))  # fmt: skip
+        handed = [uid for step in found for uid, _ in step]
+        assert len(handed) == len(set(handed)) == 70 and max(e for e, _ in handed) >= 2  # 3 epochs at least
+        status = rollout.status()
+        assert status["skipped"]["retired"] > 0 and status["skipped"]["deferred"] > 0
+        for epoch in status["epochs"][:2]:  # ended: every prompt handed out or skipped, once
+            assert epoch["resolved_exactly_once"] and epoch["taken"] + sum(epoch["skipped"].values()) == epoch["size"]
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)
