@@ -79,7 +79,8 @@ def run_schedule(name: str, mix: str, demo: Any, budget: int, log: Any) -> dict[
     from rl_data.rewards import math_reward
 
     config = demo.runtime_config().model_copy(update={"name": f"adaptive-{name}-{uuid.uuid4().hex[:6]}"})
-    handle = start_prompt_feed(config, demo.loader_spec(), FeedConfig(max_outstanding=WINDOW, schedule=ScheduleConfig(**SCHEDULES[name])))
+    feed_config = FeedConfig(max_outstanding=WINDOW, schedule=ScheduleConfig(**SCHEDULES[name]), kept_epochs=1000)  # per-epoch status
+    handle = start_prompt_feed(config, demo.loader_spec(), feed_config)
     policy = policy_for(mix)
     epochs: dict[int, dict[str, int]] = defaultdict(lambda: {"groups": 0, "zero_spread": 0, "samples": 0})
     generated, started = 0, time.perf_counter()

@@ -12,7 +12,7 @@ __getattr__ = _moved_names(
     __name__,
     {
         "Cursor": "rl_data.prompt_feed.merge",
-        "EpochCounts": "rl_data.prompt_feed.ledger",
+        "EpochCounts": "rl_data.prompt_feed.epoch_book",
         "Item": "rl_data.prompt_feed.merge",
         "MergedStream": "rl_data.prompt_feed.merge",
         "PASS_END": "rl_data.prompt_feed.merge",

@@ -82,6 +82,7 @@ from rl_data.distributed.checkpoint_files import (
 from rl_data.distributed.config import DEFAULT_NAME, LoaderSpec, RuntimeConfig, start_problems
 from rl_data.distributed.rank_pool import RankPool, holds_actor_name, spawn_rank_actor
 from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
+from rl_data.prompt_feed.epoch_book import DEFAULT_KEPT_EPOCHS
 from rl_data.prompt_feed.ledger import PromptLedger, TakenPrompt
 from rl_data.prompt_feed.merge import Uid
 from rl_data.prompt_feed.metrics import FeedMetrics
@@ -129,6 +130,11 @@ class FeedConfig(BaseModel):
     max_outstanding: int = Field(ge=1, description="Prompts handed out and not yet acked, dropped or released, at most.")
     take_wait_s: float = Field(
         default=0.0, ge=0, description="Seconds take waits by default for room in the window (0: never waits)."
+    )
+    kept_epochs: int = Field(
+        default=DEFAULT_KEPT_EPOCHS, ge=1,
+        description="Ended epochs that status() and the checkpoint count one by one; older resolved ones are summed "
+        "(earlier_epochs), so both stay bounded however many epochs a run reads.",
     )
     schedule: ScheduleConfig = Field(
         default_factory=ScheduleConfig,
@@ -198,7 +204,7 @@ def new_ledger(producers: Sequence[Any], feed_config: FeedConfig, spec: LoaderSp
     mixture = bool(schedule.reweight_every or schedule.member_weights)
     ledger = PromptLedger(
         producers, max_outstanding=feed_config.max_outstanding, schedule=schedule,
-        weight_shares=functools.partial(member_shares, spec) if mixture else None,
+        weight_shares=functools.partial(member_shares, spec) if mixture else None, kept_epochs=feed_config.kept_epochs,
     )  # fmt: skip
     for change in schedule.member_weights:
         ledger.set_member_weights(member_shares(spec, change.weights), at=change.at)

@@ -64,6 +64,7 @@ from typing import Any
 
 from rl_data.prompt_feed.merge import Cursor, Item, MergedStream, Producer, Pull, Uid
 from rl_data.prompt_feed.curation import Curator, add
+from rl_data.prompt_feed.epoch_book import DEFAULT_KEPT_EPOCHS, EpochBook
 from rl_data.prompt_feed.curation import STATE_KEYS as CURATOR_KEYS
 from rl_data.prompt_feed.outcomes import Outcome, checked_outcomes, keys_digest
 from rl_data.prompt_feed.schedules import ScheduleConfig
@@ -113,34 +114,6 @@ class TakenPrompt:
     payload: Any
 
 
-@dataclass(slots=True)
-class EpochCounts:
-    """One epoch's accounting; ``size`` is known once its stream ended."""
-
-    size: int | None = None
-    taken: int = 0  # distinct prompts handed out
-    rehanded: int = 0  # hand-outs of a prompt handed out before (after release or restore)
-    released: int = 0
-    acked: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)  # by the schedule or a member weight, per reason
-    skipped_digest: int = 0  # keys_digest of the skipped prompts' keys
-
-    def resolved(self) -> int:
-        return self.acked + sum(self.dropped.values()) + sum(self.skipped.values())
-
-    def skip(self, reason: str, key: str) -> None:
-        add(self.skipped, reason)
-        self.skipped_digest = keys_digest([key], self.skipped_digest)
-
-    def to_json(self, epoch: int) -> dict[str, Any]:
-        entry = {"epoch": epoch, "size": self.size, "taken": self.taken, "rehanded": self.rehanded,
-                 "released": self.released, "acked": self.acked, "dropped": dict(self.dropped)}  # fmt: skip
-        if self.skipped:
-            entry.update(skipped=dict(self.skipped), skipped_digest=self.skipped_digest)
-        return entry
-
-
 class PromptLedger:
     """Exactly-once bookkeeping of an async prompt feed (see module doc)."""
 
@@ -148,6 +121,7 @@ class PromptLedger:
     STATE_VERSION = 1
     KEY_PRODUCERS, KEY_CURSOR = "producers", "cursor"
     KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS, KEY_SKIPPED = "acked", "dropped", "frontier", "epochs", "skipped"
+    KEY_EARLIER = "earlier_epochs"  # present once epochs were folded (rl_data.prompt_feed.epoch_book)
     STATE_KEYS = (KEY_PRODUCERS, KEY_CURSOR, KEY_ACKED, KEY_DROPPED, KEY_FRONTIER, KEY_EPOCHS)
     ADAPTIVE_KEYS = (KEY_SKIPPED, *CURATOR_KEYS)  # all present once a schedule, outcome or weight was used, else none
 
@@ -158,10 +132,12 @@ class PromptLedger:
         max_outstanding: int,
         schedule: ScheduleConfig | None = None,
         weight_shares: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        kept_epochs: int = DEFAULT_KEPT_EPOCHS,
     ) -> None:
         """``schedule``: which prompts are handed out (default ``uniform``: all of them);
         ``weight_shares``: member weights -> hand-out shares (a mixture feed's; the schedule's
-        ``member_weights`` every ``reweight_every`` positions needs it)."""
+        ``member_weights`` every ``reweight_every`` positions needs it); ``kept_epochs``: ended
+        epochs counted one by one, older resolved ones summed (:class:`EpochBook`)."""
         if type(max_outstanding) is not int or max_outstanding < 1:
             raise ValueError(f"max_outstanding must be a positive int, found {max_outstanding!r}")
         self.max_outstanding = max_outstanding
@@ -175,7 +151,7 @@ class PromptLedger:
         self._released: list[Uid] = []  # heap
         self._outstanding = 0
         self._frontier = Uid(0, 0)  # the first uid never handed out
-        self._epochs: dict[int, EpochCounts] = {}
+        self._epochs = EpochBook(kept_epochs)
         self._started = False
 
     @property
@@ -220,7 +196,7 @@ class PromptLedger:
         known = checked_outcomes(len(checked), outcomes, "ack")
         for uid, outcome in zip(checked, known):
             self._resolve(uid, ACKED, outcome)
-            self._counts(uid.epoch).acked += 1
+            self._epochs[uid.epoch].acked += 1
         self._trim()
 
     def drop(self, uids: Iterable[Any], reason: str, outcomes: Sequence[Outcome | None] | None = None) -> None:
@@ -231,7 +207,7 @@ class PromptLedger:
         known = checked_outcomes(len(checked), outcomes, "drop")
         for uid, outcome in zip(checked, known):
             self._resolve(uid, DROPPED, outcome)
-            add(self._counts(uid.epoch).dropped, reason)
+            add(self._epochs[uid.epoch].dropped, reason)
         self._trim()
 
     def set_member_weights(self, shares: dict[str, float], at: Sequence[int] | None = None) -> Uid:
@@ -259,26 +235,13 @@ class PromptLedger:
         An epoch's ``size`` (and ``resolved_exactly_once``) is None until its stream ended,
         which the ledger sees when the first prompt of the next epoch is taken. ``skipped_digest``:
         :func:`~rl_data.prompt_feed.outcomes.keys_digest` of the epoch's skipped prompts.
+        ``earlier_epochs``: the counts of the folded epochs (``epochs``: first and last) summed, or
+        None; ``dropped`` and ``skipped`` are totals over every epoch, folded ones included.
         """
-        outstanding: dict[int, int] = {}
-        for uid, state in self._state.items():
-            if state == OUTSTANDING:
-                outstanding[uid.epoch] = outstanding.get(uid.epoch, 0) + 1
-        epochs, dropped = [], {}
-        for epoch, counts in sorted(self._epochs.items()):
-            live = outstanding.get(epoch, 0)
-            for reason, count in counts.dropped.items():
-                dropped[reason] = dropped.get(reason, 0) + count
-            epochs.append({
-                "epoch": epoch, "size": counts.size, "taken": counts.taken, "rehanded": counts.rehanded,
-                "released": counts.released, "acked": counts.acked, "dropped": dict(counts.dropped),
-                "skipped": dict(counts.skipped), "skipped_digest": counts.skipped_digest, "outstanding": live, "waiting": counts.taken - counts.resolved() - live,
-                "resolved_exactly_once": None if counts.size is None else counts.resolved() == counts.size,
-            })  # fmt: skip
-        skipped = dict(sum((Counter(c.skipped) for c in self._epochs.values()), Counter()))
+        outstanding = Counter(uid.epoch for uid, state in self._state.items() if state == OUTSTANDING)
         return {
             "epoch": self.epoch, "low_water_mark": list(self.low_water_mark), "outstanding": self._outstanding,
-            "released_waiting": len(self._released), "dropped": dropped, "skipped": skipped, "epochs": epochs,
+            "released_waiting": len(self._released), **self._epochs.summary(outstanding),
             "bookkeeping": {"pulls": len(self._journal), "uids": len(self._state)}, **self.curator.summary(),
         }  # fmt: skip
 
@@ -296,9 +259,11 @@ class PromptLedger:
             self.KEY_ACKED: acked,
             self.KEY_DROPPED: dropped,
             self.KEY_FRONTIER: list(self._frontier),
-            self.KEY_EPOCHS: [c.to_json(e) for e, c in sorted(self._epochs.items())],
         }
-        if self.curator.used() or any(c.skipped for c in self._epochs.values()):
+        fields[self.KEY_EPOCHS], earlier = self._epochs.to_json()
+        if earlier is not None:
+            fields[self.KEY_EARLIER] = earlier
+        if self.curator.used() or self._epochs.any_skipped():
             fields.update({self.KEY_SKIPPED: skipped, **self.curator.state()})
         return envelope(self.STATE_FORMAT, self.STATE_VERSION, fields)
 
@@ -319,7 +284,8 @@ class PromptLedger:
         with collector_paused():
             self._state = {uid: ACKED for uid in checked.acked} | {uid: DROPPED for uid in checked.dropped}
             self._state |= {uid: SKIPPED for uid in checked.skipped}
-        self._frontier, self._epochs = checked.frontier, checked.epochs
+        self._frontier = checked.frontier
+        self._epochs.epochs, self._epochs.earlier = checked.epochs.epochs, checked.epochs.earlier
         self.curator.load(checked.curated)
 
     def _pull_unresolved(self) -> Uid:
@@ -343,7 +309,7 @@ class PromptLedger:
                     raise
                 if reason is not None:
                     self._state[uid] = SKIPPED
-                    self._counts(uid.epoch).skip(reason, item.key)
+                    self._epochs[uid.epoch].skip(reason, item.key)
                     self.curator.skipped(item, reason)
                     skipped_in_a_row += 1
                     if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
@@ -357,7 +323,7 @@ class PromptLedger:
             return uid
 
     def _hand_out(self, uid: Uid) -> TakenPrompt:
-        counts = self._counts(uid.epoch)
+        counts = self._epochs[uid.epoch]
         if uid >= self._frontier:
             counts.taken += 1
             self._frontier = Uid(uid.epoch, uid.position + 1)
@@ -381,7 +347,7 @@ class PromptLedger:
             self._state[uid] = RELEASED
             self._outstanding -= 1
             heapq.heappush(self._released, uid)
-            self._counts(uid.epoch).released += 1
+            self._epochs[uid.epoch].released += 1
 
     def _trim(self) -> None:
         """Forget the pulls and uids below the (new) low-water mark."""
@@ -394,17 +360,8 @@ class PromptLedger:
             self._journal.popleft()
 
     def _end_epoch(self, epoch: int, size: int) -> None:
-        counts = self._counts(epoch)
-        if counts.size is not None and counts.size != size:
-            raise ValueError(
-                f"epoch {epoch} had {counts.size} prompts when the checkpoint was saved and has {size} "
-                "after the restore; expected the same: the producers are not deterministic or not "
-                "built over the same data"
-            )
-        counts.size = size
-
-    def _counts(self, epoch: int) -> EpochCounts:
-        return self._epochs.setdefault(epoch, EpochCounts())
+        oldest = self._journal[0].cursor_before.epoch if self._journal else self._stream.cursor.epoch  # the low-water mark's
+        self._epochs.end(epoch, size, resolved_below=oldest)
 
     def _outstanding_uids(self, uids: Iterable[Any], action: str) -> list[Uid]:
         """``uids`` as :class:`Uid`, after checking that each is outstanding and named once."""
@@ -429,7 +386,7 @@ class PromptLedger:
         resolved_fix = "a prompt is acked or dropped exactly once: resolve only the uids you hold"
         if uid.epoch < 0 or uid.position < 0:
             return "unknown (negative)", "use the uids returned by take"
-        size = self._epochs[uid.epoch].size if uid.epoch in self._epochs else None
+        size = self._epochs.size(uid.epoch)
         if size is not None and uid.position >= size:
             return f"unknown (epoch {uid.epoch} has {size} prompts)", "use the uids returned by take"
         state = self._state.get(uid)
@@ -454,7 +411,7 @@ class CheckedState:
     dropped: list[Uid]
     skipped: list[Uid]
     frontier: Uid
-    epochs: dict[int, EpochCounts]
+    epochs: EpochBook
     curated: tuple[Any, ...]  # the curator's history, member counts and weights
 
 
@@ -470,6 +427,7 @@ def checked_state(state: Any, *, producer_count: int, curator: Curator) -> Check
     ledger = PromptLedger
     adaptive = isinstance(state, dict) and CURATOR_KEYS[0] in state
     fields = ledger.STATE_KEYS + (ledger.ADAPTIVE_KEYS if adaptive else ())
+    fields += (ledger.KEY_EARLIER,) if isinstance(state, dict) and ledger.KEY_EARLIER in state else ()
     state = open_envelope(state, fmt=ledger.STATE_FORMAT, version=ledger.STATE_VERSION, what="prompt ledger", fields=fields)
     producers = state[ledger.KEY_PRODUCERS]
     if not isinstance(producers, list) or len(producers) != producer_count:
@@ -487,16 +445,6 @@ def checked_state(state: Any, *, producer_count: int, curator: Curator) -> Check
             _uid(state[ledger.KEY_FRONTIER]),
         )
         skipped = [_uid(v) for v in state[ledger.KEY_SKIPPED]] if adaptive else []
-    epochs = {}
-    for entry in state[ledger.KEY_EPOCHS]:
-        try:
-            values = dict(entry)
-            epoch = values.pop("epoch")
-            epochs[epoch] = EpochCounts(**values)
-        except (TypeError, ValueError, KeyError):
-            fields = ["epoch", *EpochCounts.__dataclass_fields__]
-            raise ValueError(
-                f"prompt ledger checkpoint holds epoch counts {entry!r}, expected a mapping with keys "
-                f"{fields}; it was not saved by this rl_data version"
-            ) from None
+    epochs = EpochBook()
+    epochs.load(state[ledger.KEY_EPOCHS], state.get(ledger.KEY_EARLIER))
     return CheckedState(producers, cursor, acked, dropped, skipped, frontier, epochs, curated)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rl_data.distributed.config import DEFAULT_NAMESPACE, LoaderSpec, ParallelLayout, RuntimeConfig
 from rl_data.prompt_feed.client import DEFAULT_FEED_NAME
+from rl_data.prompt_feed.epoch_book import DEFAULT_KEPT_EPOCHS
 from rl_data.prompt_feed.feed import FeedConfig
 from rl_data.prompt_feed.schedules import ScheduleConfig
 
@@ -134,4 +135,6 @@ class GRPODemoConfig(BaseModel):
         )
 
     def feed_config(self) -> FeedConfig:
-        return FeedConfig(max_outstanding=self.max_outstanding, take_wait_s=1.0, schedule=self.schedule)
+        # every epoch the accounting checks listed one by one in the feed's status
+        kept = max(DEFAULT_KEPT_EPOCHS, self.epochs + 1)
+        return FeedConfig(max_outstanding=self.max_outstanding, take_wait_s=1.0, schedule=self.schedule, kept_epochs=kept)
