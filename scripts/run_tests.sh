@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/install_prometheus.sh  # tests/test_prometheus.py: a real Prometheus (Debian package, as root)
 export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
 processes="${RL_DATA_TEST_PROCESSES:-2}"
 parallel=()

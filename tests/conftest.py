@@ -31,6 +31,7 @@ HEAVIEST_MODULES_FIRST = (
     "test_fault_tolerance.py",
     "test_elastic_resume.py",
     "test_grpo_demo.py",
+    "test_prometheus.py",
     "test_job_submit.py",
     "test_coordinator_rewind.py",
     "test_train_sft_demo.py",
