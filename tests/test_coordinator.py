@@ -488,8 +488,11 @@ def test_the_coordinator_keeps_no_batch_its_consumer_released(ray_session, dp, r
         def held() -> int:
             return ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)["objects_in_memory"] - before
 
-        # the delayed steps, each with its shard refs and merged refs, and one step of slack
-        bound = (1 + release_delay_steps) * (ranks + (dp if dp < ranks else 0))
+        # the delayed steps, each with its shard refs and merged refs, and one step of slack; on a
+        # loaded machine a consumer's release can still reach the coordinator after its own (seen
+        # in CI on 2 cores: 3 of 150 steps): at most 5 % of the batches, against >= 90 % without the delay
+        per_step = ranks + (dp if dp < ranks else 0)
+        bound = (1 + release_delay_steps) * per_step + steps * per_step // 20
         if release_delay_steps:
             wait_for(lambda: held() <= bound, f"the coordinator to hold at most {bound} objects (holds {held()})")
             status = ray.get(coordinator.status.remote(), timeout=TIMEOUT_S)

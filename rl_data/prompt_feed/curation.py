@@ -118,8 +118,8 @@ class Curator:
 
     def handed_out(self, item: Item) -> None:
         name = member_name(item)
-        self.events["taken", name or ""] += 1
         if name is not None:
+            self.events["taken", name] += 1
             self._member(name).taken += 1
 
     def observe(self, item: Item, outcome: Outcome) -> None:

@@ -94,7 +94,7 @@ PASS_RATE = MetricDefinition(
 MEMBER_TAKEN = MetricDefinition(
     "rl_data_feed_member_taken",
     "counter",
-    "Prompts handed out for the first time in their epoch, by mixture member",
+    "Prompts of a mixture handed out for the first time in their epoch, by member",
     MEMBER_TAGS,
 )
 RETIRED = MetricDefinition(
