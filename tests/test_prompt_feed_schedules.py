@@ -130,7 +130,10 @@ def test_a_difficulty_filtered_feed_rewound_with_a_rank_killed_repeats_its_hand_
             ("ray_rl_data_feed_checkpoint_bytes", 16 * 24),  # the history of 24 prompts, and more
         ):
             assert wait_for_at_least(metrics_port, series, {"feed": cfg.name}, value), series
-        assert _scrape(metrics_port, "ray_rl_data_feed_deferred_prompts", feed=cfg.name) == history["deferred"]
+        deadline = time.monotonic() + 60  # a gauge reaches the endpoint within Ray's report interval
+        while _scrape(metrics_port, "ray_rl_data_feed_deferred_prompts", feed=cfg.name) != history["deferred"]:
+            assert time.monotonic() < deadline, f"the deferred gauge never showed {history['deferred']}"
+            time.sleep(0.5)
     finally:
         shut_down(ray_session, handle, cfg.name, cfg.namespace)
 
