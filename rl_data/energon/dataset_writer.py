@@ -11,7 +11,6 @@ changes it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import math
@@ -21,6 +20,8 @@ import tarfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from rl_data.energon.index_process import run_energon_prepare
 
 #: One sample as written to a shard: its key and its members (extension -> bytes).
 TarSample = tuple[str, Mapping[str, bytes]]
@@ -148,11 +149,19 @@ def prepare_energon_dataset(
     return split_shards
 
 
-def prepare_energon_splits(root: str | Path, split_shards: Mapping[str, Sequence[str]], *, workers: int = 1) -> None:
+def prepare_energon_splits(
+    root: str | Path,
+    split_shards: Mapping[str, Sequence[str]],
+    *,
+    workers: int = 1,
+    timeout_s: float | None = None,
+) -> None:
     """Index the shards with Energon (``.nv-meta``), each split holding the given shard paths
-    (relative to ``root``; every split non-empty), and write the dataset config and index UUID."""
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+    (relative to ``root``; every split non-empty), and write the dataset config and index UUID.
 
+    Energon indexes in a fresh Python process (:mod:`rl_data.energon.index_process`), safe to call
+    from a Ray driver or any process with threads; ``timeout_s`` bounds it (``None``: no bound).
+    """
     root = Path(root)
     empty = [name for name, paths in split_shards.items() if not paths]
     if empty or not split_shards:
@@ -162,14 +171,7 @@ def prepare_energon_splits(root: str | Path, split_shards: Mapping[str, Sequence
         (name, "(?:" + "|".join(re.escape(p) for p in paths) + ")$")
         for name, paths in split_shards.items()
     ]
-    with contextlib.redirect_stdout(io.StringIO()):  # Energon prints progress lines
-        BaseWebdatasetFactory.prepare_dataset(
-            root,
-            shard_paths,
-            split_parts_patterns=patterns,
-            shuffle_seed=None,
-            workers=workers,
-        )
+    run_energon_prepare(root, shard_paths, patterns, workers=workers, timeout_s=timeout_s)
     meta = root / ".nv-meta"
     (meta / "dataset.yaml").write_text(_DATASET_YAML)
     (meta / "index.uuid").write_text(content_uuid(root, sorted(shard_paths)))
