@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from energon_fixtures import chat_members, sample_key
 from rl_data.energon.dataset_writer import prepare_energon_splits, write_tar_shard
-from rl_data.energon.index_process import run_energon_prepare
+from rl_data.energon.index_process import run_energon_prepare, run_in_own_group
 
 _forks_of_this_process = 0
 
@@ -54,3 +57,27 @@ def test_an_index_past_its_timeout_is_stopped_and_named(tmp_path, chat_conversat
     paths = _shards(tmp_path, chat_conversations, keys)
     with pytest.raises(TimeoutError, match=r"did not finish within 0\.01 s and was stopped"):
         run_energon_prepare(tmp_path, paths, [("train", ".*")], workers=1, timeout_s=0.01)
+
+
+def test_a_timeout_kills_what_the_indexer_forked_too():
+    forks_a_sleeper = (
+        "import subprocess, sys, time\n"
+        "sleeper = subprocess.Popen(['sleep', '300'])\n"
+        "print(sleeper.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as stopped:
+        run_in_own_group([sys.executable, "-c", forks_a_sleeper], "", env=dict(os.environ), timeout_s=5)
+    sleeper = int(stopped.value.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(sleeper):
+        assert time.monotonic() < deadline, f"the indexer's child {sleeper} outlived the timeout"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().split(") ")[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

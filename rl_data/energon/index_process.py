@@ -10,8 +10,10 @@ output when it fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -41,26 +43,46 @@ def run_energon_prepare(
         "workers": workers,
     }
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    command = [sys.executable, "-m", __name__]
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", __name__],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
-        )
+        returncode, stdout, stderr = run_in_own_group(command, json.dumps(request), env=env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired as error:
         raise TimeoutError(
             f"Energon's indexing of {len(shard_paths)} shard(s) in {root} did not finish within {timeout_s} s "
             f"and was stopped; its output ended with:\n{_tail(error.stdout)}{_tail(error.stderr)}\n"
             "Raise the timeout for a large dataset, or run `energon prepare` on it to see where it stops"
         ) from None
-    if done.returncode != 0:
+    if returncode != 0:
         raise RuntimeError(
-            f"Energon's indexing of {len(shard_paths)} shard(s) in {root} failed (exit code {done.returncode}); "
-            f"its output ended with:\n{_tail(done.stdout)}{_tail(done.stderr)}"
+            f"Energon's indexing of {len(shard_paths)} shard(s) in {root} failed (exit code {returncode}); "
+            f"its output ended with:\n{_tail(stdout)}{_tail(stderr)}"
         )
+
+
+def run_in_own_group(
+    command: Sequence[str], stdin: str, *, env: dict[str, str], timeout_s: float | None
+) -> tuple[int, str, str]:
+    """Run ``command`` in a new process group; return its exit code, stdout and stderr.
+
+    On a timeout (``subprocess.TimeoutExpired``, with the output so far) or any interruption, the
+    whole group is killed: the processes the command forked (Energon's indexing workers) too.
+    """
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(stdin, timeout=timeout_s)
+    except BaseException as error:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        if isinstance(error, subprocess.TimeoutExpired):
+            raise subprocess.TimeoutExpired(command, error.timeout, stdout, stderr) from None
+        raise
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # workers left behind by a failed indexing
+    return process.returncode, stdout, stderr
 
 
 def _tail(output: str | bytes | None) -> str:
