@@ -20,19 +20,18 @@ REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+def run_benchmark(module: str, *args: str, timeout: float) -> None:
+    """``python -m <module> <args>`` from the repository root (Ray's usage stats off); it must exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(930)
 def test_quick_benchmark_writes_json_markdown_and_png(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,  # ~2.5 min alone on 2 cores; a loaded CI machine takes much longer
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    # ~2.5 min alone on 2 cores; a loaded CI machine takes much longer
+    run_benchmark("benchmarks", "--quick", "--out", str(tmp_path), timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())
 
     contenders = results["contenders"]
@@ -139,12 +138,7 @@ def test_each_contender_keeps_its_fastest_round_and_every_rate():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quick_prompt_feed_benchmark_writes_its_report_and_the_feed_loses_nothing(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.prompt_feed", "--quick", "--out", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_benchmark("benchmarks.prompt_feed", "--quick", "--out", str(tmp_path), timeout=280)
     results = json.loads((tmp_path / "prompt_feed.json").read_text())
     assert [row["callers"] for row in results["throughput"]] == [1, 4]
     for row in results["throughput"]:
@@ -165,13 +159,8 @@ def test_quick_prompt_feed_benchmark_writes_its_report_and_the_feed_loses_nothin
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_quick_adaptive_feed_benchmark_compares_the_schedules_over_the_same_groups(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.adaptive_feed", "--prompts", "32", "--groups-per-prompt", "3",
-         "--history-sizes", "1000", "5000", "--out", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=380,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_benchmark("benchmarks.adaptive_feed", "--prompts", "32", "--groups-per-prompt", "3",
+                  "--history-sizes", "1000", "5000", "--out", str(tmp_path), timeout=380)  # fmt: skip
     results = json.loads((tmp_path / "adaptive_feed.json").read_text())
     assert list(results["mixes"]) == ["uniform difficulty", "U-shaped difficulty"]
     for runs in results["mixes"].values():
@@ -188,15 +177,22 @@ def test_quick_adaptive_feed_benchmark_compares_the_schedules_over_the_same_grou
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_short_ray_plateau_run_samples_every_process_and_fits_each_quarter(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ray_plateau", "--minutes", "0.5", "--every", "100", "--out", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_benchmark("benchmarks.ray_plateau", "--minutes", "0.5", "--every", "100", "--out", str(tmp_path), timeout=280)
     results = json.loads((tmp_path / "ray_plateau.json").read_text())
     assert len(results["rows"]) >= 4 and results["steps"] >= 400
     assert set(results["quarter_slopes"]) == {"coordinator", "feed", "driver", "coordinator rank 0", "coordinator rank 1"}
     assert all(len(slopes) == 4 for slopes in results["quarter_slopes"].values())
     assert max(row["coordinator_objects"] for row in results["rows"]) < 20
     assert (tmp_path / "ray_plateau.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_short_actor_churn_run_measures_every_way_of_replacing(tmp_path):
+    run_benchmark("benchmarks.actor_churn", "--actors", "6", "--every", "3", "--out", str(tmp_path), timeout=280)
+    results = json.loads((tmp_path / "actor_churn.json").read_text())
+    assert list(results) == ["new_actor", "class_per_actor", "ray_restart"]
+    for way, run in results.items():
+        assert [count for count, _ in run["points"]] == [0, 3, 6], way
+        assert all(mb > 20 for _, mb in run["points"]), f"{way}: an owner's memory below 20 MB is not a Ray actor's: {run['points']}"
+    assert "| ray_restart | 6 |" in (tmp_path / "actor_churn.md").read_text()

@@ -18,6 +18,7 @@ from energon_fixtures import write_chat_dataset
 
 from rl_data.distributed.config import LoaderSpec, RuntimeConfig
 from rl_data.distributed.placement import config_layout, placement_fingerprint
+from rl_data.distributed.rank_actor import RankActor
 from rl_data.distributed.rank_pool import (
     REWEIGHT_HINT,
     RankFailedError,
@@ -149,11 +150,13 @@ def _run(coroutine):
 @pytest.mark.timeout(300)
 def test_the_pool_supervises_its_ranks(ray_session):
     """Readiness, calls, a death past the limit, a rewind in place, a restore, status and
-    shutdown of a 2-rank pool driven from this process (as the coordinator drives it)."""
+    shutdown of a 2-rank pool driven from this process (as the coordinator drives it); its
+    rank actors, replacements included, share one Ray actor class."""
     from ray.util.placement_group import placement_group_table
 
     ray = ray_session
     config = runtime_config(2, 0, name="rank_pool_test", max_rank_restarts=1, step_timeout_s=1.0, injected_delay_s={1: 3.0})
+    ray_classes = set(RankActor.__subclasses__())  # ray.remote's classes: a process keeps each one it started an actor of
     pool = RankPool(config, SYNTHETIC, owner="coordinator")
 
     async def scenario():
@@ -175,6 +178,8 @@ def test_the_pool_supervises_its_ranks(ray_session):
             await pool.wait(pool.actors[0].status.remote(), 0, "answering")
         replacement = pool.replace(0, RuntimeError("killed by the test"), "serving steps")
         assert replacement is pool.actors[0] and pool.restarts == [1, 0]
+        made = set(RankActor.__subclasses__()) - ray_classes
+        assert not made, f"starting and replacing ranks made {len(made)} new Ray actor classes, expected none (one class for every rank actor)"
         assert pool.names[0].endswith(".rank0.1") and pool.names[1] == first[1]
         await pool.restore_rank(0, states[0])  # a fresh actor loads a state
         assert (await pool.wait(replacement.status.remote(), 0, "answering"))["rank"] == 0

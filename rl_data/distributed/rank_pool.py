@@ -54,6 +54,10 @@ logger = logging.getLogger(__name__)
 STATUS_TIMEOUT_S = 10.0
 #: Ray's switch for its "blocking ray.get inside async actor" warning (off in a pool's process).
 WARN_BLOCKING_GET_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
+#: :class:`RankActor` as a Ray actor class, made once: every ``ray.remote(cls)`` call builds a new
+#: class (a subclass, its methods wrapped, their signatures: ~25 KB of Python objects) that a process
+#: keeps for good once it started an actor of it; one per replacement grew the owner at every death.
+REMOTE_RANK_ACTOR = ray.remote(RankActor)
 
 
 class RankTimeoutError(TimeoutError):
@@ -152,8 +156,7 @@ def spawn_rank_actor(
     Its metrics are tagged ``coordinator=config.name``; ``deferred_states``: see ``RankActor``.
     """
     return (
-        ray.remote(RankActor)
-        .options(
+        REMOTE_RANK_ACTOR.options(
             name=actor_name,
             namespace=config.namespace,
             num_cpus=config.rank_actor_num_cpus,
