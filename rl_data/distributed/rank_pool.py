@@ -56,7 +56,7 @@ STATUS_TIMEOUT_S = 10.0
 WARN_BLOCKING_GET_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
 #: :class:`RankActor` as a Ray actor class, made once: every ``ray.remote(cls)`` call builds a new
 #: class (a subclass, its methods wrapped, their signatures: ~25 KB of Python objects) that a process
-#: keeps for good once it started an actor of it; one per replacement grew the owner at every death.
+#: keeps for good once it started an actor of it, so a class per replacement grows the owner at every death.
 REMOTE_RANK_ACTOR = ray.remote(RankActor)
 
 
