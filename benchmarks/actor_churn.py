@@ -19,11 +19,12 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.soak import second_half_slope
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "actor_churn"
 WAYS = ("new_actor", "class_per_actor", "ray_restart")
@@ -57,7 +58,7 @@ class Owner:
                 actor = self.restarted
             else:
                 remote_class = ray.remote(num_cpus=0)(Replaced) if self.way == "class_per_actor" else self.remote_class
-                actor = remote_class.options(name=f"replaced{self.started}").remote()
+                actor = remote_class.options(name=f"{self.way}{self.started}").remote()
             for attempt in itertools.count():  # a restarting actor refuses calls until it is back
                 try:
                     ray.get(actor.ping.remote(b"x" * 5000), timeout=TIMEOUT_S)
@@ -79,10 +80,9 @@ class Owner:
 
 
 def kb_per_replacement(points: list[tuple[int, float]]) -> float:
-    """Theil-Sen slope of (replacements, MB) over the second half of the points, in KB per replacement."""
-    half = points[len(points) // 2 :]
-    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(half, 2) if n2 != n1]
-    return 1024 * statistics.median(slopes)
+    """The soak's Theil-Sen slope of (replacements, MB) over the second half, in KB per replacement."""
+    per_1000 = second_half_slope([count for count, _ in points], [mb for _, mb in points])
+    return 1024 * per_1000 / 1000
 
 
 def run(actors: int, every: int, log: Any = print) -> dict[str, Any]:
